@@ -1,0 +1,1 @@
+"""Actor side: step envs, run the NumPy policy, stream unrolls to the learner. No TensorFlow."""

@@ -1,0 +1,1 @@
+"""Environments: the env registry, DeepMind Control pixel tasks, wrappers, built-in envs."""

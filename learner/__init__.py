@@ -1,0 +1,1 @@
+"""Learner side: gRPC service, validation, queue and batcher, training loop, checkpoints."""
