@@ -1,0 +1,223 @@
+"""The actor loop: several envs per process, one batched NumPy inference per step.
+
+TensorFlow-free. An :class:`Actor` steps ``E`` envs in lockstep, runs the NumPy policy once
+per step on the batch of (frame-stacked) observations, cuts each env's experience into
+unrolls of ``T+1`` steps (consecutive unrolls overlap by one step) and hands them to a
+sink (the gRPC client in production, a list in tests). Between unrolls it refreshes its
+parameters when the learner has a newer version.
+
+Usage::
+
+    actor = Actor(envs_list, network, policy, unroll_length=20, frame_stack={"pixels": 3},
+                  sink=client.send_unroll, fetch_params=client.get_parameters)
+    actor.run(stop=threading.Event())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import dm_env
+import numpy as np
+
+from impala_rep.framestack import FrameStacker
+
+__all__ = ["Actor", "UnrollBatch", "ActorStats"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class UnrollBatch:
+    """One unroll of one env, ready for the wire (layout: impala_rep.specs docstring)."""
+
+    tensors: Dict[str, np.ndarray]
+    policy_version: int
+    episode_returns: List[float]
+    episode_lengths: List[int]
+
+
+@dataclasses.dataclass
+class ActorStats:
+    steps: int = 0
+    unrolls: int = 0
+    episodes: int = 0
+    param_updates: int = 0
+    last_returns: List[float] = dataclasses.field(default_factory=list)
+
+
+# sink(unroll) delivers one unroll; fetch_params(have_version) -> (version, params or None).
+Sink = Callable[[UnrollBatch], None]
+FetchParams = Callable[[int], Tuple[int, Optional[Mapping[str, np.ndarray]]]]
+
+
+class Actor:
+    """Runs ``len(envs)`` envs with one batched policy.
+
+    Args:
+      envs: dm_env environments with flat-dict observations (``envs.make`` guarantees it).
+      network: a ``NumpyNetwork`` (``step(obs, state, first) -> (policy_params, value, state)``).
+      policy: the ``Policy`` from ``impala_rep.distributions.make_policy``.
+      unroll_length: T; each unroll holds T+1 steps.
+      frame_stack: observation key -> K for keys the agent stacks (single frames travel).
+      sink: called with each finished :class:`UnrollBatch`.
+      fetch_params: called between unrolls with the version the actor holds.
+      seed: seeds the action sampling.
+      greedy: act with the policy's mode instead of sampling (evaluation).
+    """
+
+    def __init__(
+        self,
+        envs: Sequence[dm_env.Environment],
+        network: Any,
+        policy: Any,
+        unroll_length: int,
+        frame_stack: Mapping[str, int],
+        sink: Sink,
+        fetch_params: Optional[FetchParams] = None,
+        seed: Optional[int] = None,
+        policy_version: int = 0,
+    ):
+        if not envs:
+            raise ValueError("an actor needs at least one env.")
+        if int(unroll_length) < 1:
+            raise ValueError(f"unroll_length must be at least 1, got {unroll_length}.")
+        self._envs = list(envs)
+        self._network = network
+        self._policy = policy
+        self._T = int(unroll_length)
+        self._frame_stack = {k: int(v) for k, v in frame_stack.items() if int(v) > 1}
+        self._sink = sink
+        self._fetch_params = fetch_params
+        self._rng = np.random.default_rng(seed)
+        self.policy_version = int(policy_version)
+        self.stats = ActorStats()
+        n = len(self._envs)
+        self._stackers = {k: FrameStacker(v, batch_size=n) for k, v in self._frame_stack.items()}
+        self._state = network.initial_state(n)
+        self._timesteps: List[dm_env.TimeStep] = [env.reset() for env in self._envs]
+        self._episode_return = np.zeros(n, np.float64)
+        self._episode_length = np.zeros(n, np.int64)
+        self._finished: List[List[Tuple[float, int]]] = [[] for _ in range(n)]
+        self._steps: List[Dict[str, np.ndarray]] = []  # per step: batched [E, ...] arrays
+        # Frame prefix and core state of the unroll being filled, and of the next one
+        # (recorded when its opening step, the current unroll's last, is taken).
+        self._prefix: Dict[str, np.ndarray] = {}
+        self._core_state: Dict[str, np.ndarray] = {}
+        self._next_prefix: Dict[str, np.ndarray] = {}
+        self._next_core_state: Dict[str, np.ndarray] = {}
+
+    # -- one step ---------------------------------------------------------------------
+
+    def _observe(self) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], np.ndarray]:
+        """Batches the current timesteps: (single-frame obs, network obs, first flags)."""
+        first = np.array([ts.step_type == dm_env.StepType.FIRST for ts in self._timesteps])
+        keys = self._timesteps[0].observation.keys()
+        raw = {k: np.stack([np.asarray(ts.observation[k]) for ts in self._timesteps]) for k in keys}
+        # This step opens an unroll when nothing is buffered (the very first unroll) or when
+        # it will be the last step of the current one (consecutive unrolls share it).
+        opening = self._opening_slot()
+        net_obs = dict(raw)
+        for key, stacker in self._stackers.items():
+            if opening is not None:
+                opening[0][key] = self._history(stacker, raw[key])
+            net_obs[key] = stacker.push(raw[key], first)
+        return raw, net_obs, first
+
+    def _opening_slot(self) -> Optional[Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]]:
+        """(prefix, core state) dicts to fill for a step that opens an unroll, else None."""
+        if not self._steps:
+            return self._prefix, self._core_state
+        if len(self._steps) == self._T:
+            return self._next_prefix, self._next_core_state
+        return None
+
+    def _history(self, stacker: FrameStacker, frames: np.ndarray) -> np.ndarray:
+        """Frames preceding the current step, time-major [K-1, E, H, W, C]."""
+        try:
+            hist = stacker.history()  # [E, K-1, H, W, C]
+        except ValueError:  # nothing pushed yet: every env is at FIRST, prefix unused
+            hist = np.repeat(frames[:, None], stacker.k - 1, axis=1)
+        return np.moveaxis(hist, 1, 0)
+
+    def step(self) -> None:
+        """Acts once in every env; emits unrolls when T+1 steps are collected."""
+        opening = self._opening_slot()
+        raw, net_obs, first = self._observe()
+        if opening is not None:
+            opening[1].update({k: np.array(v, copy=True) for k, v in self._state.items()})
+        policy_params, _, self._state = self._network.step(net_obs, self._state, first)
+        action, log_prob = self._policy.sample_np(policy_params, self._rng)
+        record = {f"observation/{k}": v for k, v in raw.items()}
+        record["step_type"] = np.array([int(ts.step_type) for ts in self._timesteps], np.uint8)
+        record["reward"] = np.array([0.0 if ts.reward is None else ts.reward for ts in self._timesteps], np.float32)
+        record["discount"] = np.array([1.0 if ts.discount is None else ts.discount for ts in self._timesteps], np.float32)
+        record["action"] = np.asarray(action)
+        record["behaviour_log_prob"] = np.asarray(log_prob, np.float32)
+        self._steps.append(record)
+        if len(self._steps) == self._T + 1:
+            self._emit()
+        env_actions = self._policy.to_env_action(np.asarray(action))
+        for i, env in enumerate(self._envs):
+            ts = env.step(env_actions[i])
+            if ts.step_type == dm_env.StepType.FIRST:
+                self._episode_return[i] = 0.0
+                self._episode_length[i] = 0
+            else:
+                self._episode_return[i] += ts.reward or 0.0
+                self._episode_length[i] += 1
+            if ts.step_type == dm_env.StepType.LAST:
+                self._finished[i].append((float(self._episode_return[i]), int(self._episode_length[i])))
+                self.stats.episodes += 1
+                self.stats.last_returns = (self.stats.last_returns + [float(self._episode_return[i])])[-100:]
+            self._timesteps[i] = ts
+        self.stats.steps += len(self._envs)
+
+    def _emit(self) -> None:
+        steps = self._steps
+        stacked = {k: np.stack([s[k] for s in steps]) for k in steps[0]}  # [T+1, E, ...]
+        for i in range(len(self._envs)):
+            tensors = {k: np.ascontiguousarray(v[:, i]) for k, v in stacked.items()}
+            for key, prefix in self._prefix.items():
+                tensors[f"frame_prefix/{key}"] = np.ascontiguousarray(prefix[:, i])
+            for name, value in self._core_state.items():
+                tensors[f"core_state/{name}"] = np.ascontiguousarray(value[i])
+            finished, self._finished[i] = self._finished[i], []
+            self._sink(
+                UnrollBatch(
+                    tensors=tensors,
+                    policy_version=self.policy_version,
+                    episode_returns=[r for r, _ in finished],
+                    episode_lengths=[n for _, n in finished],
+                )
+            )
+            self.stats.unrolls += 1
+        # The last step opens the next unroll, with the prefix and core state recorded
+        # before it was taken.
+        self._steps = [steps[-1]]
+        self._prefix, self._next_prefix = self._next_prefix, {}
+        self._core_state, self._next_core_state = self._next_core_state, {}
+        self._refresh_params()
+
+    def _refresh_params(self) -> None:
+        if self._fetch_params is None:
+            return
+        version, params = self._fetch_params(self.policy_version)
+        if params is not None:
+            self._network.set_params(params)
+            self.policy_version = int(version)
+            self.stats.param_updates += 1
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self, stop: Optional[threading.Event] = None, max_steps: Optional[int] = None) -> ActorStats:
+        """Steps until ``stop`` is set or ``max_steps`` agent steps (over all envs) are taken."""
+        while not (stop is not None and stop.is_set()):
+            if max_steps is not None and self.stats.steps >= max_steps:
+                break
+            self.step()
+        return self.stats

@@ -1,0 +1,141 @@
+"""Run configuration: what a training run is, as one frozen, validated, JSON-able object.
+
+TensorFlow-free. The launcher builds a :class:`RunConfig` from its flags, writes it as
+``config.json`` in the logdir, and the learner hands the actor-relevant part to actors in
+the handshake (``run_config`` JSON), so a remote actor needs only the learner's address.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Dict, Mapping, Optional
+
+__all__ = ["RunConfig", "LEARNER_KINDS", "actor_view", "frame_stack_keys", "ConfigError"]
+
+LEARNER_KINDS = ("cpu", "gpu", "tpu", "auto")
+
+
+class ConfigError(ValueError):
+    """A run configuration value is out of range; the message says which and why."""
+
+
+def _positive(name: str, value: Optional[float], allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or value <= 0:
+        raise ConfigError(f"{name} must be a positive number, got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run. See ``python -m impala_rep.launch --help``."""
+
+    env: str = "dmc/cartpole-swingup"
+    env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    actors: int = 8
+    actor_processes: Optional[int] = None
+    learner: str = "cpu"
+    replicas: Optional[int] = None
+    unroll_length: int = 20
+    batch_size: int = 32
+    frame_stack: int = 3
+    network: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    loss: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    optimizer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    total_steps: int = 1_000_000
+    seed: int = 0
+    logdir: str = "runs/default"
+    checkpoint_interval_s: float = 600.0
+    keep_checkpoints: int = 3
+    resume: bool = True
+    bind: str = "127.0.0.1"
+    port: int = 0
+    token: Optional[str] = None
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    queue_unrolls: Optional[int] = None
+    log_interval_s: float = 5.0
+    max_actor_restarts: int = 10
+    jit_compile: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.env, str) or not self.env:
+            raise ConfigError("env must be a non-empty env id such as dmc/cartpole-swingup or catch.")
+        for name in ("actors", "unroll_length", "batch_size", "frame_stack", "total_steps", "keep_checkpoints"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}.")
+        for name in ("actor_processes", "replicas", "queue_unrolls"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}.")
+        if self.actor_processes is not None and self.actor_processes > self.actors:
+            raise ConfigError(
+                f"actor-processes ({self.actor_processes}) cannot exceed actors ({self.actors}): "
+                "each process hosts at least one env."
+            )
+        if self.learner not in LEARNER_KINDS:
+            raise ConfigError(f"learner must be one of {', '.join(LEARNER_KINDS)}, got {self.learner!r}.")
+        if self.replicas is not None and self.batch_size % self.replicas:
+            raise ConfigError(
+                f"batch-size {self.batch_size} is not divisible by replicas {self.replicas}; "
+                "choose a batch size that is a multiple of the replica count."
+            )
+        _positive("checkpoint-interval", self.checkpoint_interval_s)
+        _positive("log-interval", self.log_interval_s)
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535 (0 picks a free port), got {self.port}.")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("TLS needs both --tls-cert and --tls-key.")
+        if self.max_actor_restarts < 0:
+            raise ConfigError(f"max-actor-restarts must be 0 or more, got {self.max_actor_restarts}.")
+        object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
+        object.__setattr__(self, "network", dict(self.network))
+        object.__setattr__(self, "loss", dict(self.loss))
+        object.__setattr__(self, "optimizer", dict(self.optimizer))
+
+    @property
+    def unrolls_per_batch(self) -> int:
+        return self.batch_size
+
+    def to_json(self, include_secrets: bool = False) -> Dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if not include_secrets and data.get("token"):
+            data["token"] = "<set>"
+        return data
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "RunConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config keys {unknown}; known keys are {sorted(known)}.")
+        return cls(**dict(data))
+
+
+def actor_view(config: RunConfig, frame_stack: Mapping[str, int]) -> Dict[str, Any]:
+    """The part of the config an actor needs, sent in the handshake's ``run_config``."""
+    return {
+        "env": config.env,
+        "env_kwargs": dict(config.env_kwargs),
+        "unroll_length": config.unroll_length,
+        "frame_stack": dict(frame_stack),
+        "network": dict(config.network),
+        "seed": config.seed,
+    }
+
+
+def frame_stack_keys(observations: Mapping[str, Any], depth: int) -> Dict[str, int]:
+    """Which observation keys the agent stacks: every uint8 [H, W, C] key, ``depth`` deep."""
+    if depth <= 1:
+        return {}
+    return {
+        key: depth
+        for key, spec in observations.items()
+        if len(spec.shape) == 3 and spec.dtype == "uint8"
+    }
+

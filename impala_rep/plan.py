@@ -1,0 +1,102 @@
+"""How many actor processes, and how many envs each: chosen from the cores and memory seen.
+
+TensorFlow-free. Figures measured on a 2-core, 24 GiB machine (DESIGN.md and
+``scripts/bench_memory.py``): an actor process with NumPy, dm_control and gRPC is about
+210 MB resident before its envs; each rendered 84x84 DM Control env adds about 45 MB with
+the ``fast`` render preset and about 80 MB with ``standard`` (MuJoCo's offscreen buffers:
+the 2048-texel shadow map and multisampling); a TensorFlow learner is about 1.2 GB.
+Batched inference amortises per-call cost, so fewer processes hosting many envs each beat
+many single-env processes; more processes than cores only adds switching.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import List, Optional
+
+__all__ = ["ActorPlan", "plan_actors", "available_memory_mb", "available_cores", "PlanError"]
+
+PROCESS_BASE_MB = 210
+LEARNER_MB = 1200
+ENV_MB = {"dmc-fast": 45, "dmc-standard": 80, "small": 2}
+MEMORY_HEADROOM = 0.85  # plan to use at most this share of the memory available
+
+
+class PlanError(ValueError):
+    """The requested run cannot fit on this machine; the message says what would."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorPlan:
+    processes: int
+    envs_per_process: List[int]
+    estimated_mb: int
+    available_mb: int
+
+    def describe(self) -> str:
+        envs = sum(self.envs_per_process)
+        sizes = sorted(set(self.envs_per_process))
+        per = "/".join(str(s) for s in sizes)
+        return (
+            f"{envs} actors in {self.processes} process(es) ({per} envs each); "
+            f"estimated memory {self.estimated_mb / 1024:.1f} GiB of {self.available_mb / 1024:.1f} GiB available"
+        )
+
+
+def available_memory_mb() -> int:
+    """MemAvailable from /proc/meminfo (falls back to total physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024))
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def env_memory_kind(env_id: str, env_kwargs: dict) -> str:
+    if env_id.startswith("dmc/") and env_kwargs.get("observation", "pixels") != "state":
+        return "dmc-standard" if env_kwargs.get("render") == "standard" else "dmc-fast"
+    return "small"
+
+
+def plan_actors(
+    actors: int,
+    env_id: str,
+    env_kwargs: Optional[dict] = None,
+    processes: Optional[int] = None,
+    cores: Optional[int] = None,
+    memory_mb: Optional[int] = None,
+) -> ActorPlan:
+    """Splits ``actors`` envs over processes; raises :class:`PlanError` if it cannot fit."""
+    if actors < 1:
+        raise PlanError(f"--actors must be at least 1, got {actors}.")
+    cores = available_cores() if cores is None else cores
+    memory_mb = available_memory_mb() if memory_mb is None else memory_mb
+    if processes is None:
+        processes = max(1, min(actors, cores))
+    if processes > actors:
+        raise PlanError(f"--actor-processes {processes} exceeds --actors {actors}; each process hosts at least one env.")
+    base, rest = divmod(actors, processes)
+    envs = [base + (1 if i < rest else 0) for i in range(processes)]
+    per_env = ENV_MB[env_memory_kind(env_id, env_kwargs or {})]
+    estimate = LEARNER_MB + processes * PROCESS_BASE_MB + actors * per_env
+    budget = int(memory_mb * MEMORY_HEADROOM)
+    if estimate > budget:
+        fit = max(0, (budget - LEARNER_MB - processes * PROCESS_BASE_MB) // per_env)
+        hint = f"use --actors {fit} or fewer" if fit >= 1 else "free memory or use a machine with more"
+        raise PlanError(
+            f"{actors} actors of {env_id} need about {estimate / 1024:.1f} GiB "
+            f"({per_env} MB per env, {PROCESS_BASE_MB} MB per process, {LEARNER_MB} MB for the learner), "
+            f"but only {memory_mb / 1024:.1f} GiB is available: {hint}."
+        )
+    return ActorPlan(processes=processes, envs_per_process=envs, estimated_mb=estimate, available_mb=memory_mb)
