@@ -37,6 +37,7 @@ class RunConfig:
     actor_processes: Optional[int] = None
     learner: str = "cpu"
     replicas: Optional[int] = None
+    tpu_address: Optional[str] = None
     unroll_length: int = 20
     batch_size: int = 32
     frame_stack: int = 3

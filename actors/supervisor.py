@@ -1,0 +1,159 @@
+"""Supervises actor processes: starts them, restarts crashed ones (with a limit), stops all.
+
+TensorFlow-free. Each actor process is a fresh interpreter (``python -m actors.run ...``),
+never a fork of the learner, so it never inherits TensorFlow. Its output goes to a log file
+whose last lines are quoted when it crashes.
+
+Usage::
+
+    sup = ActorSupervisor([cmd0, cmd1], log_dir="run/actors", max_restarts=10)
+    sup.start()
+    while training:
+        sup.poll()          # restarts what crashed
+    sup.stop()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import time
+from typing import Dict, List, Mapping, Optional, Sequence
+
+__all__ = ["ActorSupervisor", "ActorProcess"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ActorProcess:
+    index: int
+    command: List[str]
+    log_path: Optional[str]
+    process: Optional[subprocess.Popen] = None
+    restarts: int = 0
+    given_up: bool = False
+    started_at: float = 0.0
+
+
+def _tail(path: Optional[str], lines: int = 5) -> str:
+    if not path or not os.path.exists(path):
+        return ""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 4096))
+        text = f.read().decode("utf-8", "replace")
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class ActorSupervisor:
+    """Keeps ``len(commands)`` actor processes running."""
+
+    def __init__(
+        self,
+        commands: Sequence[Sequence[str]],
+        log_dir: Optional[str] = None,
+        max_restarts: int = 10,
+        env: Optional[Mapping[str, str]] = None,
+    ):
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be 0 or more, got {max_restarts}.")
+        self._log_dir = log_dir
+        self._max_restarts = int(max_restarts)
+        self._env = dict(os.environ if env is None else env)
+        self._stopping = False
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+        self.actors = [
+            ActorProcess(i, list(cmd), os.path.join(log_dir, f"actor-{i}.log") if log_dir else None)
+            for i, cmd in enumerate(commands)
+        ]
+
+    def _spawn(self, actor: ActorProcess) -> None:
+        out = open(actor.log_path, "ab") if actor.log_path else subprocess.DEVNULL
+        try:
+            actor.process = subprocess.Popen(
+                actor.command, stdout=out, stderr=subprocess.STDOUT, env=self._env, start_new_session=True
+            )
+        finally:
+            if actor.log_path:
+                out.close()
+        actor.started_at = time.monotonic()
+
+    def start(self) -> None:
+        for actor in self.actors:
+            self._spawn(actor)
+        log.info("started %d actor process(es)", len(self.actors))
+
+    @property
+    def alive(self) -> int:
+        return sum(1 for a in self.actors if a.process is not None and a.process.poll() is None)
+
+    @property
+    def total_restarts(self) -> int:
+        return sum(a.restarts for a in self.actors)
+
+    @property
+    def all_given_up(self) -> bool:
+        return all(a.given_up for a in self.actors)
+
+    def poll(self) -> List[str]:
+        """Restarts crashed actors; returns one sentence per event (also logged)."""
+        events = []
+        if self._stopping:
+            return events
+        for actor in self.actors:
+            if actor.given_up or actor.process is None:
+                continue
+            code = actor.process.poll()
+            if code is None:
+                continue
+            reason = describe_exit(code)
+            tail = _tail(actor.log_path)
+            detail = f"; last output:\n{tail}" if tail else ""
+            if actor.restarts >= self._max_restarts:
+                actor.given_up = True
+                msg = (
+                    f"actor process {actor.index} {reason} and has been restarted {actor.restarts} times "
+                    f"(--max-actor-restarts {self._max_restarts}); not restarting it again{detail}"
+                )
+                log.error(msg)
+            else:
+                actor.restarts += 1
+                msg = f"actor process {actor.index} {reason}; restarting it ({actor.restarts}/{self._max_restarts}){detail}"
+                log.warning(msg)
+                self._spawn(actor)
+            events.append(msg)
+        return events
+
+    def pids(self) -> Dict[int, int]:
+        return {a.index: a.process.pid for a in self.actors if a.process is not None and a.process.poll() is None}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM every actor, then SIGKILL what is left after ``timeout`` seconds."""
+        self._stopping = True
+        procs = [a.process for a in self.actors if a.process is not None and a.process.poll() is None]
+        for p in procs:
+            try:
+                p.terminate()
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

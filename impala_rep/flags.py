@@ -1,0 +1,143 @@
+"""Command-line flags shared by ``impala_rep.launch`` and ``learner.run`` (TensorFlow-free)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Dict, List, Optional
+
+from impala_rep.config import LEARNER_KINDS, RunConfig
+
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "UsageError"]
+
+
+class UsageError(ValueError):
+    """A flag value is invalid; the message says which and what is accepted."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def add_learner_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("environment")
+    g.add_argument("--env", default="dmc/cartpole-swingup",
+                   help="env id: dmc/DOMAIN-TASK (pixels), a built-in such as catch, or package.module:callable")
+    g.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for the env factory (value parsed as JSON where it parses); repeatable")
+
+    g = parser.add_argument_group("learner")
+    g.add_argument("--learner", choices=LEARNER_KINDS, default="cpu",
+                   help="where the learner runs: cpu (logical CPU replicas), gpu, tpu, or auto (TPU, else GPUs, else CPU)")
+    g.add_argument("--replicas", type=_positive_int, default=None,
+                   help="number of replicas (cpu: logical CPU devices; gpu: how many GPUs); default: 1 on cpu, all devices otherwise")
+    g.add_argument("--tpu-address", default=None, help="TPU address (grpc://host:port or a TPU name); default: the local TPU")
+    g.add_argument("--unroll-length", type=_positive_int, default=20, help="T: transitions per unroll (default 20)")
+    g.add_argument("--batch-size", type=_positive_int, default=32, help="B: unrolls per learner batch (default 32)")
+    g.add_argument("--frame-stack", type=_positive_int, default=3, help="frames stacked for pixel observations (default 3)")
+    g.add_argument("--network", choices=("auto", "shallow", "deep", "mlp"), default="auto",
+                   help="torso: shallow IMPALA CNN, deep IMPALA ResNet, MLP; auto = shallow for pixels, mlp for vectors")
+    g.add_argument("--lstm-size", type=_positive_int, default=None, help="add an LSTM core of this size (default: none)")
+    g.add_argument("--policy", choices=("auto", "categorical", "gaussian", "discretised"), default="auto",
+                   help="policy head; auto = categorical for discrete actions, gaussian for continuous")
+    g.add_argument("--bins", type=_positive_int, default=11, help="bins per action dimension for --policy discretised")
+    g.add_argument("--discount", type=float, default=0.99)
+    g.add_argument("--learning-rate", type=float, default=6e-4)
+    g.add_argument("--entropy-cost", type=float, default=0.01)
+    g.add_argument("--baseline-cost", type=float, default=0.5)
+    g.add_argument("--clip-norm", type=float, default=40.0, help="global-norm gradient clip")
+    g.add_argument("--no-anneal", action="store_true", help="keep the learning rate constant instead of annealing it to 0")
+    g.add_argument("--jit", action="store_true", help="compile the learner step with XLA")
+    g.add_argument("--total-steps", type=_positive_int, default=2_000_000,
+                   help="budget in agent steps trained on (each is action-repeat env frames)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--queue-unrolls", type=_positive_int, default=None,
+                   help="bound of the learner's unroll queue (default: 2 batches)")
+
+    g = parser.add_argument_group("run directory")
+    g.add_argument("--logdir", default="runs/default", help="checkpoints, policy, summaries, metrics.jsonl, config.json")
+    g.add_argument("--checkpoint-interval", type=_positive_float, default=600.0, help="seconds between checkpoints")
+    g.add_argument("--keep-checkpoints", type=_positive_int, default=3)
+    g.add_argument("--no-resume", action="store_true", help="start fresh even if the logdir holds a checkpoint")
+    g.add_argument("--log-interval", type=_positive_float, default=5.0, help="seconds between progress lines")
+
+    g = parser.add_argument_group("network service")
+    g.add_argument("--bind", default="127.0.0.1", help="interface the learner listens on (default loopback only)")
+    g.add_argument("--port", type=int, default=0, help="port the learner listens on (0: pick a free one)")
+    g.add_argument("--token", default=None,
+                   help="shared secret actors must send (default: $IMPALA_REP_TOKEN if set)")
+    g.add_argument("--tls-cert", default=None, help="PEM certificate for TLS (with --tls-key)")
+    g.add_argument("--tls-key", default=None, help="PEM private key for TLS (with --tls-cert)")
+
+
+def add_actor_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("actors")
+    g.add_argument("--actors", type=_positive_int, default=8, help="number of envs acting in parallel (default 8)")
+    g.add_argument("--actor-processes", type=_positive_int, default=None,
+                   help="processes hosting the actors (default: chosen from the cores seen)")
+    g.add_argument("--max-actor-restarts", type=int, default=10, help="restarts per actor process before giving up")
+
+
+def parse_env_kwargs(items: List[str]) -> Dict[str, Any]:
+    import envs
+
+    return envs.parse_env_args(items)
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Builds the RunConfig (raises ConfigError/EnvError with a sentence on bad values)."""
+    network: Dict[str, Any] = {"torso": args.network, "policy": args.policy, "bins": args.bins}
+    if args.lstm_size is not None:
+        network["lstm_size"] = args.lstm_size
+    loss = {"discount": args.discount, "entropy_cost": args.entropy_cost, "baseline_cost": args.baseline_cost}
+    optimizer: Dict[str, Any] = {"learning_rate": args.learning_rate, "clip_norm": args.clip_norm}
+    updates = -(-args.total_steps // (args.unroll_length * args.batch_size))
+    if not args.no_anneal:
+        optimizer["anneal_steps"] = updates
+    token: Optional[str] = args.token or os.environ.get("IMPALA_REP_TOKEN") or None
+    return RunConfig(
+        env=args.env,
+        env_kwargs=parse_env_kwargs(args.env_arg),
+        actors=getattr(args, "actors", 1),
+        actor_processes=getattr(args, "actor_processes", None),
+        learner=args.learner,
+        replicas=args.replicas,
+        tpu_address=args.tpu_address,
+        unroll_length=args.unroll_length,
+        batch_size=args.batch_size,
+        frame_stack=args.frame_stack,
+        network=network,
+        loss=loss,
+        optimizer=optimizer,
+        total_steps=args.total_steps,
+        seed=args.seed,
+        logdir=args.logdir,
+        checkpoint_interval_s=args.checkpoint_interval,
+        keep_checkpoints=args.keep_checkpoints,
+        resume=not args.no_resume,
+        bind=args.bind,
+        port=args.port,
+        token=token,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        queue_unrolls=args.queue_unrolls,
+        log_interval_s=args.log_interval,
+        max_actor_restarts=getattr(args, "max_actor_restarts", 10),
+        jit_compile=args.jit,
+    )

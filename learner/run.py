@@ -1,0 +1,354 @@
+"""The learner process: gRPC service -> bounded queue -> batcher -> replicated V-trace step.
+
+Also the learner-alone entry point for multi-host runs::
+
+    python -m learner.run --env dmc/cartpole-swingup --bind 0.0.0.0 --port 50051 --token $SECRET
+    python -m actors.run --learner-address LEARNER_HOST:50051 --actors 16 --token $SECRET   # on each actor host
+
+:class:`Trainer` owns the loop: it builds the network, optimizer and replicated step,
+restores the newest checkpoint of the logdir (unless told not to), serves actors, and
+trains until the agent-step budget or a stop request; it checkpoints by time with
+``tf.train.CheckpointManager``, exports a TensorFlow-free policy beside every checkpoint,
+and writes a progress line, ``metrics.jsonl`` and TensorBoard summaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+
+from impala_rep.config import RunConfig, actor_view, frame_stack_keys
+from impala_rep.specs import ArraySpec, EnvSpec, stacked_observation_specs, unroll_spec
+
+__all__ = ["Trainer", "main"]
+
+log = logging.getLogger("impala_rep.learner")
+
+
+def env_action_repeat(config: RunConfig) -> int:
+    """Env frames per agent step (DM Control ids default to action repeat 4)."""
+    if "action_repeat" in config.env_kwargs:
+        return int(config.env_kwargs["action_repeat"])
+    return 4 if config.env.startswith("dmc/") else 1
+
+
+class Trainer:
+    """Runs the learner side of a run (see module docstring)."""
+
+    def __init__(self, config: RunConfig, env_spec: EnvSpec, replicator: Any = None):
+        import tensorflow as tf
+
+        from impala_rep.distributions import make_policy
+        from impala_rep.losses import LossConfig
+        from impala_rep.networks import NetworkConfig
+        from impala_rep.networks.numpy_backend import NumpyNetwork
+        from impala_rep.replicator import make_replicator
+        from learner.batcher import Batcher
+        from learner.params import ParameterStore
+        from learner.queue import UnrollQueue
+        from learner.server import LearnerServer
+        from learner.step import LearnerStep, OptimizerConfig
+
+        self.config = config
+        self.env_spec = env_spec
+        self.frame_stack = frame_stack_keys(env_spec.observations, config.frame_stack)
+        self.network_config = NetworkConfig(**config.network)
+        self.policy = make_policy(env_spec.action, self.network_config)
+        self.obs_specs = stacked_observation_specs(env_spec.observations, self.frame_stack)
+        probe_net = NumpyNetwork(self.network_config, self.obs_specs, env_spec.action)
+        core_state = {
+            name: ArraySpec(name, value.shape[1:], value.dtype.name)
+            for name, value in probe_net.initial_state(1).items()
+        }
+        self.unroll_spec = unroll_spec(
+            env_spec, config.unroll_length, self.frame_stack, core_state, self.policy.action_spec
+        )
+        self.replicator = replicator or make_replicator(
+            config.learner, num_replicas=config.replicas, tpu_address=config.tpu_address
+        )
+        self.step = LearnerStep(
+            replicator=self.replicator,
+            network_config=self.network_config,
+            obs_specs=self.obs_specs,
+            action_spec=env_spec.action,
+            policy=self.policy,
+            loss_config=LossConfig(**config.loss),
+            optimizer_config=OptimizerConfig(**config.optimizer),
+            batch_spec=self.batch_spec(),
+            jit_compile=config.jit_compile,
+        )
+        self.agent_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="agent_steps")
+        self.checkpoint = tf.train.Checkpoint(agent_steps=self.agent_steps, **self.step.checkpoint_objects())
+        os.makedirs(config.logdir, exist_ok=True)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, os.path.join(config.logdir, "checkpoints"), max_to_keep=config.keep_checkpoints
+        )
+        self.restored_from: Optional[str] = None
+        if config.resume and self.manager.latest_checkpoint:
+            self.checkpoint.restore(self.manager.latest_checkpoint).assert_existing_objects_matched()
+            self.restored_from = self.manager.latest_checkpoint
+            log.info(
+                "resumed from %s at learner step %d (%d agent steps)",
+                self.restored_from, self.learner_step, int(self.agent_steps.numpy()),
+            )
+        with open(os.path.join(config.logdir, "config.json"), "w") as f:
+            f.write(config.dumps())
+        capacity = config.queue_unrolls or 2 * config.batch_size
+        if capacity < config.batch_size:
+            raise ValueError(
+                f"--queue-unrolls {capacity} is smaller than --batch-size {config.batch_size}; "
+                "the queue must hold at least one batch."
+            )
+        self.queue = UnrollQueue(capacity=capacity)
+        self.params = ParameterStore()
+        self.params.publish(self.step.get_params(), version=self.learner_step + 1)
+        self.server = LearnerServer(
+            self.unroll_spec,
+            config.unroll_length,
+            self.queue,
+            self.params,
+            frame_stack=self.frame_stack,
+            run_config=json.dumps(actor_view(config, self.frame_stack)),
+            host=config.bind,
+            port=config.port,
+            token=config.token,
+            tls_cert_file=config.tls_cert,
+            tls_key_file=config.tls_key,
+        )
+        self.batcher = Batcher(self.queue, self.unroll_spec, config.batch_size, self.frame_stack)
+        self.action_repeat = env_action_repeat(config)
+        self._returns: collections.deque = collections.deque(maxlen=100)
+        self._writer = tf.summary.create_file_writer(os.path.join(config.logdir, "summaries"))
+        self._metrics_file = open(os.path.join(config.logdir, "metrics.jsonl"), "a")
+        self._last_checkpoint = time.monotonic()
+        self.last_metrics: Dict[str, float] = {}
+
+    # ------------------------------------------------------------------ specs
+
+    def batch_spec(self) -> Dict[str, ArraySpec]:
+        """Spec of a learner batch [T+1, B, ...] (stacked observations; no prefixes)."""
+        b = self.config.batch_size
+        out = {}
+        for key, spec in self.unroll_spec.items():
+            if key.startswith("frame_prefix/"):
+                continue
+            if key.startswith("core_state/"):
+                out[key] = spec.with_leading(b)
+            elif key.startswith("observation/"):
+                obs = self.obs_specs[key.split("/", 1)[1]]
+                out[key] = obs.with_leading(spec.shape[0], b, name=key)
+            else:
+                out[key] = ArraySpec(key, (spec.shape[0], b) + spec.shape[1:], spec.dtype,
+                                     spec.minimum, spec.maximum, spec.num_values)
+        return out
+
+    @property
+    def learner_step(self) -> int:
+        return int(self.step.step_counter.numpy())
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> str:
+        self.server.start()
+        log.info("learner serving actors at %s", self.server.address)
+        return self.server.address
+
+    def save(self) -> str:
+        from impala_rep.export import save_policy
+
+        path = self.manager.save(checkpoint_number=self.learner_step)
+        save_policy(
+            os.path.join(self.config.logdir, "policy"),
+            self.step.get_params(),
+            {
+                "env": self.config.env,
+                "env_kwargs": dict(self.config.env_kwargs),
+                "env_spec": self.env_spec.to_json(),
+                "network": dict(self.config.network),
+                "frame_stack": self.frame_stack,
+                "learner_step": self.learner_step,
+                "agent_steps": int(self.agent_steps.numpy()),
+                "version": self.params.version,
+                "checkpoint": os.path.basename(path),
+            },
+        )
+        self._last_checkpoint = time.monotonic()
+        log.info("checkpoint %s and policy export written", path)
+        return path
+
+    def close(self, save: bool = True) -> None:
+        try:
+            if save:
+                self.save()
+        finally:
+            self.server.stop()
+            self.queue.close()
+            self._metrics_file.close()
+            self._writer.close()
+
+    # ------------------------------------------------------------------ training
+
+    def done(self) -> bool:
+        return int(self.agent_steps.numpy()) >= self.config.total_steps
+
+    def train(
+        self,
+        stop: Optional[threading.Event] = None,
+        on_tick: Optional[Callable[[], Dict[str, Any]]] = None,
+        max_learner_steps: Optional[int] = None,
+    ) -> Dict[str, float]:
+        """Trains until the budget, ``stop``, or ``max_learner_steps`` more steps."""
+        import tensorflow as tf
+
+        from learner.batcher import policy_lag
+        from learner.queue import QueueClosed
+
+        cfg = self.config
+        frames_per_batch = cfg.unroll_length * cfg.batch_size
+        start_step = self.learner_step
+        window_t, window_steps, window_agent = time.monotonic(), self.learner_step, int(self.agent_steps.numpy())
+        extra: Dict[str, Any] = {}
+        lag: Dict[str, float] = {}
+        while not self.done() and not (stop is not None and stop.is_set()):
+            if max_learner_steps is not None and self.learner_step - start_step >= max_learner_steps:
+                break
+            if on_tick is not None:
+                extra = on_tick() or {}
+            try:
+                batch = self.batcher.next_batch(timeout=1.0)
+            except TimeoutError:
+                continue
+            except QueueClosed:
+                break
+            metrics = self.step.train(batch.tensors)
+            self.agent_steps.assign_add(frames_per_batch)
+            version = self.params.publish(self.step.get_params(), version=self.learner_step + 1)
+            lag = policy_lag(batch.tensors["policy_version"], version - 1)
+            self._returns.extend(float(r) for r in batch.episode_returns)
+            now = time.monotonic()
+            if now - window_t >= cfg.log_interval_s:
+                steps = self.learner_step - window_steps
+                agent = int(self.agent_steps.numpy()) - window_agent
+                record = self._record(metrics, lag, extra, steps / (now - window_t), agent / (now - window_t))
+                self._log_progress(record)
+                window_t, window_steps, window_agent = now, self.learner_step, int(self.agent_steps.numpy())
+            if now - self._last_checkpoint >= cfg.checkpoint_interval_s:
+                self.save()
+        return self.last_metrics
+
+    def _record(self, metrics, lag, extra, learner_sps: float, agent_sps: float) -> Dict[str, float]:
+        import tensorflow as tf
+
+        record: Dict[str, Any] = {
+            "time": time.time(),
+            "learner_step": self.learner_step,
+            "agent_steps": int(self.agent_steps.numpy()),
+            "env_frames": int(self.agent_steps.numpy()) * self.action_repeat,
+            "learner_steps_per_s": learner_sps,
+            "agent_steps_per_s": agent_sps,
+            "env_frames_per_s": agent_sps * self.action_repeat,
+            "queue_fill": self.queue.fill,
+        }
+        record.update({f"loss/{k}": float(np.asarray(v)) for k, v in metrics.items()})
+        record.update({f"policy_lag/{k}": float(v) for k, v in lag.items()})
+        if self._returns:
+            record["episode_return"] = float(np.mean(self._returns))
+            record["episodes_in_window"] = len(self._returns)
+        for k, v in self.server.snapshot_metrics().items():
+            record[f"transport/{k}"] = float(v)
+        record.update({k: float(v) for k, v in extra.items()})
+        self.last_metrics = record
+        self._metrics_file.write(json.dumps(record) + "\n")
+        self._metrics_file.flush()
+        with self._writer.as_default(step=record["agent_steps"]):
+            for k, v in record.items():
+                if k != "time":
+                    tf.summary.scalar(k, v)
+        return record
+
+    def _log_progress(self, r: Dict[str, float]) -> None:
+        ret = f"{r['episode_return']:.1f}" if "episode_return" in r else "n/a"
+        lag = r.get("policy_lag/mean", float("nan"))
+        log.info(
+            "step %d | agent steps %d | env frames/s %.0f | learner steps/s %.2f | return %s | "
+            "policy lag %.1f | queue %.0f%%",
+            r["learner_step"], r["agent_steps"], r["env_frames_per_s"], r["learner_steps_per_s"],
+            ret, lag, 100 * r["queue_fill"],
+        )
+
+
+def configure_threads(learner_threads: Optional[int]) -> None:
+    """Sizes TensorFlow's thread pools (entry points only; before TF initialises)."""
+    import tensorflow as tf
+
+    if learner_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(learner_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, learner_threads)))
+
+
+def configure_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
+    )
+    for noisy in ("absl", "tensorflow", "h5py"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def install_stop_handlers(stop: threading.Event) -> None:
+    def handler(signum, _frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        log.info("received %s: stopping after the current step (again to abort)", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv=None) -> int:
+    from impala_rep.flags import add_learner_flags, config_from_args
+    from impala_rep.probe import probe_env_spec
+
+    configure_logging()
+    parser = argparse.ArgumentParser(
+        prog="python -m learner.run",
+        description="Run the learner alone; start actors elsewhere with python -m actors.run --learner-address HOST:PORT.",
+    )
+    add_learner_flags(parser)
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+        env_spec = probe_env_spec(config.env, config.env_kwargs)
+    except ValueError as exc:
+        parser.error(str(exc))
+    from impala_rep.replicator import ReplicatorError
+
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    try:
+        trainer = Trainer(config, env_spec)
+    except (ReplicatorError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    address = trainer.start()
+    print(f"learner listening on {address}", flush=True)
+    try:
+        trainer.train(stop)
+    finally:
+        trainer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
