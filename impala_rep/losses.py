@@ -1,0 +1,213 @@
+"""The IMPALA loss: V-trace policy gradient, baseline and entropy terms (TensorFlow).
+
+TensorFlow is imported inside :func:`impala_loss`; :class:`LossConfig` is TF-free.
+
+Shape letters: ``T`` transitions per unroll (an unroll holds ``T+1`` steps), ``B`` batch.
+
+Inputs follow the unroll layout of :mod:`impala_rep.specs` (time-major, ``[T+1, B, ...]``):
+transition ``t -> t+1`` uses observation ``t``, action ``t``, reward ``t+1`` and discount
+``t+1``, so ``gamma_t = config.discount * discount[t+1]`` and the bootstrap value is the
+value of the last step. Episode ends follow dm_env:
+
+* termination (discount 0 at a LAST step) cuts the bootstrap;
+* truncation (a LAST step with discount > 0, e.g. a time limit) bootstraps from V of the
+  LAST observation;
+* a transition that *starts* at a LAST step (LAST -> FIRST of the next episode) is not a
+  real transition: its importance weight is 0, so V-trace neither trains on it nor carries
+  a trace across the episode boundary, and its policy-gradient, baseline and entropy
+  terms are masked out.
+
+Reductions (IMPALA's): every term is a *sum* over T and B, so the losses of replicas that
+each hold part of the batch add up to the loss of the whole batch, and summed (all-reduced)
+gradients equal single-replica gradients::
+
+    loss = pg_loss + baseline_cost * baseline_loss + entropy_cost * entropy_loss
+    pg_loss       = -sum_{t,b} mask * pg_advantage * log pi(a_t|x_t)
+    baseline_loss = 0.5 * sum_{t,b} mask * (v_s - V(x_t))^2
+    entropy_loss  = -sum_{t,b} mask * H(pi(.|x_t))
+
+Usage in a learner step::
+
+    policy_params, values = network.unroll(obs, first, initial_state)
+    loss, metrics = impala_loss(policy, policy_params, values, batch, LossConfig())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from impala_rep.specs import STEP_LAST
+
+__all__ = ["LossConfig", "impala_loss", "BATCH_KEYS"]
+
+BATCH_KEYS = ("action", "reward", "discount", "step_type", "behaviour_log_prob")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Loss hyper-parameters (IMPALA's Atari defaults, DESIGN.md).
+
+    Attributes:
+      discount: the agent's discount, multiplied by the env discount.
+      baseline_cost: weight of the baseline (value) loss.
+      entropy_cost: weight of the entropy loss (a bonus for exploration).
+      clip_rho_threshold: V-trace's rho-bar, or None for no clipping.
+      clip_pg_rho_threshold: rho-bar of the policy-gradient advantages, or None.
+      lambda_: V-trace's trace coefficient in [0, 1].
+    """
+
+    discount: float = 0.99
+    baseline_cost: float = 0.5
+    entropy_cost: float = 0.01
+    clip_rho_threshold: Optional[float] = 1.0
+    clip_pg_rho_threshold: Optional[float] = 1.0
+    lambda_: float = 1.0
+
+    def __post_init__(self):
+        def number(name: str) -> float:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"LossConfig.{name} must be a finite number, got {value!r}.")
+            return float(value)
+
+        if not 0.0 <= number("discount") <= 1.0:
+            raise ValueError(f"LossConfig.discount must lie in [0, 1], got {self.discount}.")
+        for name in ("baseline_cost", "entropy_cost"):
+            if number(name) < 0.0:
+                raise ValueError(f"LossConfig.{name} must be non-negative, got {getattr(self, name)}.")
+        for name in ("clip_rho_threshold", "clip_pg_rho_threshold"):
+            if getattr(self, name) is not None and not number(name) > 0.0:
+                raise ValueError(
+                    f"LossConfig.{name} must be positive, or None for no clipping; got {getattr(self, name)}."
+                )
+        if not 0.0 <= number("lambda_") <= 1.0:
+            raise ValueError(f"LossConfig.lambda_ must lie in [0, 1], got {self.lambda_}.")
+
+
+def _shape_str(shape: Any) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape.as_list()) + "]"
+
+
+def impala_loss(
+    policy: Any,
+    policy_params: Mapping[str, Any],
+    values: Any,
+    batch: Mapping[str, Any],
+    config: LossConfig,
+) -> Tuple[Any, Dict[str, Any]]:
+    """The IMPALA loss of one (replica's) batch.
+
+    Args:
+      policy: a :class:`~impala_rep.distributions.Policy`.
+      policy_params: the learner's distribution parameters ``{name: [T+1, B, *shape]}``
+        (the last step's are unused).
+      values: [T+1, B] float32, ``V(x_t)`` for every step (the last is the bootstrap).
+      batch: ``action`` [T+1, B, *action_shape], ``reward`` [T+1, B], ``discount``
+        [T+1, B], ``step_type`` [T+1, B] (uint8/int), ``behaviour_log_prob`` [T+1, B].
+      config: a :class:`LossConfig`.
+
+    Returns:
+      ``(loss, metrics)``: the scalar float32 loss and a dict of float32 scalars. Metrics
+      ending in ``_sum`` and the loss terms are sums over the batch; divide by
+      ``num_transitions`` (also summed over replicas) for means.
+
+    Raises:
+      TypeError/ValueError: a missing batch key, a wrong config type or shapes that do not
+        agree (the message names the argument and both shapes).
+    """
+    import tensorflow as tf
+
+    from impala_rep import vtrace
+
+    if not isinstance(config, LossConfig):
+        raise TypeError(f"config must be a LossConfig, got {type(config).__name__}.")
+    missing = [k for k in BATCH_KEYS if k not in batch]
+    if missing:
+        raise ValueError(f"batch lacks {missing}; impala_loss needs {list(BATCH_KEYS)}, each [T+1, B, ...].")
+    missing = [k for k in policy.param_shapes if k not in policy_params]
+    if missing:
+        raise ValueError(f"policy_params lack {missing}; the policy needs {sorted(policy.param_shapes)}.")
+
+    with tf.name_scope("impala_loss"):
+        values = tf.convert_to_tensor(values, tf.float32)
+        if values.shape.rank != 2:
+            raise ValueError(f"values must have shape [T+1, B], got {_shape_str(values.shape)}.")
+        if values.shape[0] is not None and values.shape[0] < 2:
+            raise ValueError(f"values must hold at least 2 steps (T >= 1), got shape {_shape_str(values.shape)}.")
+        tb = values.shape
+        reward = tf.cast(batch["reward"], tf.float32)
+        discount = tf.cast(batch["discount"], tf.float32)
+        step_type = tf.convert_to_tensor(batch["step_type"])
+        behaviour_log_prob = tf.cast(batch["behaviour_log_prob"], tf.float32)
+        action = tf.convert_to_tensor(batch["action"])
+        for arg_name, arg in (
+            ("batch['reward']", reward),
+            ("batch['discount']", discount),
+            ("batch['step_type']", step_type),
+            ("batch['behaviour_log_prob']", behaviour_log_prob),
+        ):
+            if arg.shape.rank != 2 or not arg.shape.is_compatible_with(tb):
+                raise ValueError(f"{arg_name} must have the shape of values [T+1, B] = {_shape_str(tb)}, got {_shape_str(arg.shape)}.")
+        action_shape = tuple(policy.action_spec.shape)
+        if action.shape.rank != 2 + len(action_shape) or not action.shape.is_compatible_with(tb.concatenate(action_shape)):
+            raise ValueError(
+                f"batch['action'] must have shape [T+1, B, *action_shape] = "
+                f"{_shape_str(tb.concatenate(action_shape))}, got {_shape_str(action.shape)}."
+            )
+        params_tm = {}
+        for name, shape in policy.param_shapes.items():
+            p = tf.convert_to_tensor(policy_params[name], tf.float32)
+            expected = tb.concatenate(tuple(shape))
+            if p.shape.rank != expected.rank or not p.shape.is_compatible_with(expected):
+                raise ValueError(
+                    f"policy_params[{name!r}] must have shape [T+1, B, *param_shape] = "
+                    f"{_shape_str(expected)}, got {_shape_str(p.shape)}."
+                )
+            params_tm[name] = p[:-1]
+
+        # Transition t -> t+1, t in [0, T).
+        mask = tf.cast(tf.not_equal(tf.cast(step_type[:-1], tf.int32), STEP_LAST), tf.float32)
+        target_log_prob = policy.log_prob_tf(params_tm, action[:-1])  # [T, B]
+        entropy = policy.entropy_tf(params_tm)  # [T, B]
+        log_rhos = target_log_prob - behaviour_log_prob[:-1]
+        # Importance weight 0 for transitions that start at a LAST step.
+        log_rhos = tf.where(mask > 0, log_rhos, tf.fill(tf.shape(log_rhos), -math.inf))
+        discounts = config.discount * discount[1:]
+        rewards = reward[1:]
+        values_t = values[:-1]
+        vt = vtrace.from_importance_weights(
+            log_rhos=log_rhos,
+            discounts=discounts,
+            rewards=rewards,
+            values=values_t,
+            bootstrap_value=values[-1],
+            clip_rho_threshold=config.clip_rho_threshold,
+            clip_pg_rho_threshold=config.clip_pg_rho_threshold,
+            lambda_=config.lambda_,
+        )
+        pg_loss = -tf.reduce_sum(mask * vt.pg_advantages * target_log_prob)
+        baseline_loss = 0.5 * tf.reduce_sum(mask * tf.square(vt.vs - values_t))
+        entropy_loss = -tf.reduce_sum(mask * entropy)
+        loss = pg_loss + config.baseline_cost * baseline_loss + config.entropy_cost * entropy_loss
+
+        rhos = tf.exp(tf.stop_gradient(log_rhos))  # 0 where masked
+        metrics = {
+            "loss": loss,
+            "pg_loss": pg_loss,
+            "baseline_loss": baseline_loss,
+            "entropy_loss": entropy_loss,
+            "num_transitions": tf.reduce_sum(mask),
+            "entropy_sum": tf.reduce_sum(mask * tf.stop_gradient(entropy)),
+            "rho_sum": tf.reduce_sum(rhos),
+            "clipped_rho_sum": (
+                tf.reduce_sum(mask * tf.cast(rhos > config.clip_rho_threshold, tf.float32))
+                if config.clip_rho_threshold is not None
+                else tf.zeros([], tf.float32)
+            ),
+            "value_sum": tf.reduce_sum(mask * tf.stop_gradient(values_t)),
+            "vs_sum": tf.reduce_sum(mask * vt.vs),
+            "pg_advantage_sum": tf.reduce_sum(mask * vt.pg_advantages),
+        }
+        return loss, metrics

@@ -1,0 +1,242 @@
+"""NumPy backend of the agent network: one step, batched over envs, inference only.
+
+TensorFlow-free (actors and evaluation use it; see DESIGN.md). Built from the same
+:func:`~impala_rep.networks.config.plan_network` plan as the TensorFlow backend, with the
+same parameter names and layouts, so ``numpy_net.set_params(tf_net.get_params())`` gives
+the same outputs. Convolutions are im2col (a strided view, one copy) plus one float32
+matmul each.
+
+Shape letter: ``B`` batch (envs stepped together).
+
+Usage on an actor::
+
+    net = NumpyNetwork(NetworkConfig(), obs_specs, env_spec.action)
+    net.set_params(params_from_learner)
+    state = net.initial_state(num_envs)
+    policy_params, value, state = net.step(obs, state, first)
+    action, log_prob = net.policy.sample_np(policy_params, rng)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from impala_rep.distributions import make_policy
+from impala_rep.networks.config import (
+    DEEP_SECTIONS,
+    RESIDUAL_BLOCKS,
+    SHALLOW_CONVS,
+    NetworkConfig,
+    plan_network,
+)
+
+__all__ = ["NumpyNetwork", "init_params"]
+
+
+def init_params(plan, seed: int = 0) -> Dict[str, np.ndarray]:
+    """Initial parameters: Glorot-uniform kernels, zero biases, LSTM forget-gate bias 1."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in plan.param_shapes.items():
+        if name.endswith("/bias"):
+            value = np.zeros(shape, np.float32)
+            if name == "core/lstm/bias":
+                n = shape[0] // 4
+                value[n : 2 * n] = 1.0
+        else:
+            receptive = int(math.prod(shape[:-2])) if len(shape) > 2 else 1
+            fan_in, fan_out = shape[-2] * receptive, shape[-1] * receptive
+            limit = math.sqrt(6.0 / (fan_in + fan_out))
+            value = rng.uniform(-limit, limit, size=shape).astype(np.float32)
+        params[name] = value
+    return params
+
+
+def _pad_same(x: np.ndarray, k: int, s: int, value: float) -> np.ndarray:
+    """Pads [B, H, W, C] the way TF's SAME padding does (extra on the bottom/right)."""
+    _, h, w, _ = x.shape
+    ph = max((-(-h // s) - 1) * s + k - h, 0)
+    pw = max((-(-w // s) - 1) * s + k - w, 0)
+    if ph == 0 and pw == 0:
+        return x
+    return np.pad(
+        x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0)), constant_values=value
+    )
+
+
+def _windows(x: np.ndarray, k: int, s: int) -> np.ndarray:
+    """[B, H, W, C] -> strided view [B, OH, OW, k, k, C] of VALID windows."""
+    b, h, w, c = x.shape
+    oh, ow = (h - k) // s + 1, (w - k) // s + 1
+    sb, sh, sw, sc = x.strides
+    return as_strided(x, (b, oh, ow, k, k, c), (sb, sh * s, sw * s, sh, sw, sc), writeable=False)
+
+
+def _conv(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, s: int, same: bool, scale=None) -> np.ndarray:
+    k = kernel.shape[0]
+    if same:
+        x = _pad_same(x, k, s, 0)
+    win = _windows(np.ascontiguousarray(x), k, s)
+    b, oh, ow = win.shape[:3]
+    cols = win.reshape(b * oh * ow, -1)
+    if cols.dtype != np.float32:
+        cols = cols.astype(np.float32)
+    out = cols @ kernel.reshape(-1, kernel.shape[-1])
+    if scale is not None:
+        out *= np.float32(scale)
+    out += bias
+    return out.reshape(b, oh, ow, -1)
+
+
+def _max_pool_same(x: np.ndarray, k: int = 3, s: int = 2) -> np.ndarray:
+    x = _pad_same(x, k, s, -np.inf)
+    win = _windows(np.ascontiguousarray(x), k, s)
+    return win.max(axis=(3, 4))
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0, out=x)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return (0.5 * (np.tanh(0.5 * x) + 1.0)).astype(np.float32)
+
+
+class NumpyNetwork:
+    """The agent network in NumPy (see the module docstring and ``networks.config``).
+
+    Args:
+      config: the :class:`NetworkConfig`.
+      obs_specs: ``{key: ArraySpec}`` per-step observations as the network sees them
+        (frame-stacked keys with their stacked channels).
+      action_spec: the env's action spec (the policy is ``make_policy(action_spec, config)``).
+      seed: seed of the initial parameters (replaced by ``set_params`` in practice).
+    """
+
+    def __init__(self, config: NetworkConfig, obs_specs: Mapping[str, Any], action_spec: Any, seed: int = 0):
+        self.config = config
+        self.policy = make_policy(action_spec, config)
+        self.plan = plan_network(config, obs_specs, self.policy)
+        self.obs_specs = dict(obs_specs)
+        self._params = init_params(self.plan, seed)
+
+    # -- parameters --
+    @property
+    def params(self) -> Dict[str, np.ndarray]:
+        return dict(self._params)
+
+    def set_params(self, params: Mapping[str, Any]) -> None:
+        """Replaces every parameter; raises ``ValueError`` on missing, extra or misshapen ones."""
+        expected = self.plan.param_shapes
+        missing = sorted(set(expected) - set(params))
+        extra = sorted(set(params) - set(expected))
+        if missing or extra:
+            raise ValueError(
+                f"set_params: parameter names do not match the network; missing {missing}, unexpected {extra}."
+            )
+        new = {}
+        for name, shape in expected.items():
+            value = np.asarray(params[name], dtype=np.float32)
+            if value.shape != tuple(shape):
+                raise ValueError(f"set_params: {name!r} must have shape {list(shape)}, got {list(value.shape)}.")
+            new[name] = np.ascontiguousarray(value)
+        self._params = new
+
+    def initial_state(self, batch: int) -> Dict[str, np.ndarray]:
+        """Zero LSTM state ``{"h": [B, H], "c": [B, H]}``; empty without an LSTM."""
+        if self.plan.lstm_size is None:
+            return {}
+        n = self.plan.lstm_size
+        return {"h": np.zeros((batch, n), np.float32), "c": np.zeros((batch, n), np.float32)}
+
+    # -- forward --
+    def _torso(self, t, x: np.ndarray) -> np.ndarray:
+        p = self._params
+        pre = f"torso/{t.key}"
+        b = x.shape[0]
+        if t.kind == "mlp":
+            h = x.reshape(b, -1)
+            h = h.astype(np.float32) if h.dtype != np.float32 else h
+            if t.scale is not None:
+                h = h * np.float32(t.scale)
+            for i in range(len(self.config.mlp_sizes)):
+                h = _relu(h @ p[f"{pre}/dense_{i}/kernel"] + p[f"{pre}/dense_{i}/bias"])
+            return h
+        if t.kind == "shallow":
+            h = x
+            for i, (_, _, s) in enumerate(SHALLOW_CONVS):
+                scale = t.scale if i == 0 else None
+                h = _relu(_conv(h, p[f"{pre}/conv_{i}/kernel"], p[f"{pre}/conv_{i}/bias"], s, False, scale))
+        else:
+            h = x.astype(np.float32)
+            if t.scale is not None:
+                h *= np.float32(t.scale)
+            for si in range(len(DEEP_SECTIONS)):
+                sp = f"{pre}/section_{si}"
+                h = _conv(h, p[f"{sp}/conv/kernel"], p[f"{sp}/conv/bias"], 1, True)
+                h = _max_pool_same(h)
+                for r in range(RESIDUAL_BLOCKS):
+                    rp = f"{sp}/res_{r}"
+                    y = _conv(np.maximum(h, 0), p[f"{rp}/conv_0/kernel"], p[f"{rp}/conv_0/bias"], 1, True)
+                    y = _conv(_relu(y), p[f"{rp}/conv_1/kernel"], p[f"{rp}/conv_1/bias"], 1, True)
+                    h = h + y
+            h = np.maximum(h, 0)
+        h = h.reshape(b, -1)
+        return _relu(h @ p[f"{pre}/dense/kernel"] + p[f"{pre}/dense/bias"])
+
+    def step(
+        self, obs: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray], first: Any
+    ) -> Tuple[Dict[str, np.ndarray], np.ndarray, Dict[str, np.ndarray]]:
+        """One step for a batch of envs.
+
+        Args:
+          obs: ``{key: [B, *obs_shape]}`` (uint8 pixels stay uint8).
+          state: the core state from :meth:`initial_state` or the previous step.
+          first: [B] bool, true where the step starts an episode (resets the LSTM state).
+
+        Returns:
+          ``(policy_params {name: [B, *param_shape]}, value [B], new_state)``.
+        """
+        p = self._params
+        missing = [t.key for t in self.plan.torsos if t.key not in obs]
+        if missing:
+            raise ValueError(f"obs lacks keys {missing}; the network needs {[t.key for t in self.plan.torsos]}.")
+        feats = []
+        batch = None
+        for t in self.plan.torsos:
+            x = np.asarray(obs[t.key])
+            if x.shape[1:] != t.input_shape:
+                raise ValueError(
+                    f"obs[{t.key!r}] must have shape [B, {', '.join(map(str, t.input_shape))}], got {list(x.shape)}."
+                )
+            if batch is None:
+                batch = x.shape[0]
+            elif x.shape[0] != batch:
+                raise ValueError(f"obs[{t.key!r}] has batch {x.shape[0]}, other keys have {batch}.")
+            feats.append(self._torso(t, x))
+        h = feats[0] if len(feats) == 1 else np.concatenate(feats, axis=-1)
+        new_state: Dict[str, np.ndarray] = {}
+        if self.plan.lstm_size is not None:
+            n = self.plan.lstm_size
+            first = np.asarray(first, dtype=bool).reshape(-1)
+            if first.shape != (batch,):
+                raise ValueError(f"first must have shape [B] = [{batch}], got {list(np.shape(first))}.")
+            keep = (~first).astype(np.float32)[:, None]
+            h_prev = np.asarray(state["h"], np.float32) * keep
+            c_prev = np.asarray(state["c"], np.float32) * keep
+            z = h @ p["core/lstm/kernel"] + h_prev @ p["core/lstm/recurrent_kernel"] + p["core/lstm/bias"]
+            i, f, g, o = z[:, :n], z[:, n : 2 * n], z[:, 2 * n : 3 * n], z[:, 3 * n :]
+            c = _sigmoid(f) * c_prev + _sigmoid(i) * np.tanh(g)
+            h = _sigmoid(o) * np.tanh(c)
+            new_state = {"h": h.astype(np.float32), "c": c.astype(np.float32)}
+        raw = {}
+        for name, shape in self.plan.head_shapes.items():
+            out = h @ p[f"policy/{name}/kernel"] + p[f"policy/{name}/bias"]
+            raw[name] = out.reshape((batch,) + tuple(shape))
+        policy_params = self.policy.params_from_head_np(raw)
+        value = (h @ p["value/kernel"] + p["value/bias"])[:, 0]
+        return policy_params, value, new_state

@@ -1,0 +1,258 @@
+"""TensorFlow backend of the agent network: ``[T+1, B]`` unrolls for the learner.
+
+Built with ``tf_keras`` layers (Keras 2; Keras 3 breaks inside ``MirroredStrategy`` custom
+loops on TF 2.21, see DESIGN.md) from the same plan as the NumPy backend
+(:func:`~impala_rep.networks.config.plan_network`), with the same parameter names. All
+variables are created in the constructor, so construct the network inside
+``replicator.scope()`` / ``strategy.scope()``; :meth:`TFNetwork.unroll` can then run in
+``strategy.run``, under ``tf.function`` and with XLA.
+
+Shape letters: ``T`` transitions per unroll (``T+1`` steps), ``B`` batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Mapping, Tuple
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from impala_rep.distributions import make_policy
+from impala_rep.networks.config import (
+    DEEP_SECTIONS,
+    RESIDUAL_BLOCKS,
+    SHALLOW_CONVS,
+    NetworkConfig,
+    plan_network,
+)
+
+__all__ = ["TFNetwork"]
+
+_layers = tf_keras.layers
+
+
+class TFNetwork(tf.Module):
+    """The agent network in TensorFlow (see ``impala_rep.networks.config`` for the architecture).
+
+    Args:
+      config: the :class:`NetworkConfig`.
+      obs_specs: ``{key: ArraySpec}`` per-step observations as the network sees them.
+      action_spec: the env's action spec (the policy is ``make_policy(action_spec, config)``).
+
+    Usage in a learner::
+
+        with replicator.scope():
+            net = TFNetwork(NetworkConfig(), obs_specs, env_spec.action)
+        policy_params, values = net.unroll(obs, first, initial_state)
+    """
+
+    def __init__(self, config: NetworkConfig, obs_specs: Mapping[str, Any], action_spec: Any, name: str = "agent"):
+        super().__init__(name=name)
+        self.config = config
+        self.policy = make_policy(action_spec, config)
+        self.plan = plan_network(config, obs_specs, self.policy)
+        self._named: Dict[str, tf.Variable] = {}
+        self._torso_layers: Dict[str, list] = {}
+        for t in self.plan.torsos:
+            self._torso_layers[t.key] = self._build_torso(t)
+        self._lstm = None
+        if self.plan.lstm_size is not None:
+            self._lstm = _layers.LSTMCell(self.plan.lstm_size, name="lstm")
+            self._lstm.build((None, self.plan.core_input_size))
+            self._named["core/lstm/kernel"] = self._lstm.kernel
+            self._named["core/lstm/recurrent_kernel"] = self._lstm.recurrent_kernel
+            self._named["core/lstm/bias"] = self._lstm.bias
+        self._policy_heads = {}
+        for pname, shape in self.plan.head_shapes.items():
+            self._policy_heads[pname] = self._dense(f"policy/{pname}", self.plan.head_input_size, int(math.prod(shape)))
+        self._value_head = self._dense("value", self.plan.head_input_size, 1)
+        if set(self._named) != set(self.plan.param_shapes):
+            raise RuntimeError("TFNetwork: built variables do not match the network plan (a bug).")
+        for pname, shape in self.plan.param_shapes.items():
+            if tuple(self._named[pname].shape) != tuple(shape):
+                raise RuntimeError(f"TFNetwork: variable {pname} has shape {self._named[pname].shape}, plan says {shape}.")
+
+    # -- construction --
+    def _register(self, prefix: str, layer) -> None:
+        self._named[f"{prefix}/kernel"] = layer.kernel
+        self._named[f"{prefix}/bias"] = layer.bias
+
+    def _dense(self, prefix: str, n_in: int, n_out: int):
+        layer = _layers.Dense(n_out, name=prefix.replace("/", "_"))
+        layer.build((None, n_in))
+        self._register(prefix, layer)
+        return layer
+
+    def _conv(self, prefix: str, shape_in: Tuple[int, int, int], filters: int, k: int, s: int, padding: str):
+        layer = _layers.Conv2D(filters, k, strides=s, padding=padding, name=prefix.replace("/", "_"))
+        layer.build((None,) + tuple(shape_in))
+        self._register(prefix, layer)
+        return layer
+
+    def _build_torso(self, t) -> list:
+        pre = f"torso/{t.key}"
+        if t.kind == "mlp":
+            layers = []
+            n_in = int(math.prod(t.input_shape))
+            for i, size in enumerate(self.config.mlp_sizes):
+                layers.append(self._dense(f"{pre}/dense_{i}", n_in, size))
+                n_in = size
+            return layers
+        h, w, c = t.input_shape
+        if t.kind == "shallow":
+            convs = []
+            for i, (filters, k, s) in enumerate(SHALLOW_CONVS):
+                convs.append(self._conv(f"{pre}/conv_{i}", (h, w, c), filters, k, s, "valid"))
+                h, w, c = (h - k) // s + 1, (w - k) // s + 1, filters
+            dense = self._dense(f"{pre}/dense", h * w * c, self.config.hidden_size)
+            return [convs, dense]
+        sections = []
+        for si, filters in enumerate(DEEP_SECTIONS):
+            sp = f"{pre}/section_{si}"
+            conv = self._conv(f"{sp}/conv", (h, w, c), filters, 3, 1, "same")
+            c = filters
+            h, w = -(-h // 2), -(-w // 2)
+            blocks = []
+            for r in range(RESIDUAL_BLOCKS):
+                blocks.append(
+                    [self._conv(f"{sp}/res_{r}/conv_{j}", (h, w, c), c, 3, 1, "same") for j in range(2)]
+                )
+            sections.append((conv, blocks))
+        dense = self._dense(f"{pre}/dense", h * w * c, self.config.hidden_size)
+        return [sections, dense]
+
+    # -- parameters --
+    @property
+    def named_variables(self) -> Dict[str, tf.Variable]:
+        """``{name: tf.Variable}`` in plan order (names as in the NumPy backend)."""
+        return {name: self._named[name] for name in self.plan.param_shapes}
+
+    @property
+    def trainable_variables(self):
+        return tuple(self.named_variables.values())
+
+    @property
+    def variables(self):
+        return self.trainable_variables
+
+    def get_params(self) -> Dict[str, np.ndarray]:
+        """The parameters as ``{name: float32 ndarray}`` (the NumPy backend's names)."""
+        return {name: np.asarray(v.numpy(), dtype=np.float32) for name, v in self.named_variables.items()}
+
+    def set_params(self, params: Mapping[str, Any]) -> None:
+        """Assigns every parameter; raises ``ValueError`` on missing, extra or misshapen ones."""
+        expected = self.plan.param_shapes
+        missing = sorted(set(expected) - set(params))
+        extra = sorted(set(params) - set(expected))
+        if missing or extra:
+            raise ValueError(
+                f"set_params: parameter names do not match the network; missing {missing}, unexpected {extra}."
+            )
+        for name, shape in expected.items():
+            value = np.asarray(params[name], dtype=np.float32)
+            if value.shape != tuple(shape):
+                raise ValueError(f"set_params: {name!r} must have shape {list(shape)}, got {list(value.shape)}.")
+        for name, var in self.named_variables.items():
+            var.assign(np.asarray(params[name], dtype=np.float32))
+
+    def initial_state(self, batch: int) -> Dict[str, tf.Tensor]:
+        """Zero LSTM state ``{"h": [B, H], "c": [B, H]}``; empty without an LSTM."""
+        if self.plan.lstm_size is None:
+            return {}
+        n = self.plan.lstm_size
+        return {"h": tf.zeros([batch, n], tf.float32), "c": tf.zeros([batch, n], tf.float32)}
+
+    # -- forward --
+    def _torso(self, t, x: tf.Tensor) -> tf.Tensor:
+        """x: [N, *input_shape] -> [N, output_size]."""
+        x = tf.cast(x, tf.float32)
+        if t.scale is not None:
+            x = x * t.scale
+        layers = self._torso_layers[t.key]
+        if t.kind == "mlp":
+            h = tf.reshape(x, [-1, int(math.prod(t.input_shape))])
+            for layer in layers:
+                h = tf.nn.relu(layer(h))
+            return h
+        body, dense = layers
+        if t.kind == "shallow":
+            h = x
+            for conv in body:
+                h = tf.nn.relu(conv(h))
+        else:
+            h = x
+            for conv, blocks in body:
+                h = conv(h)
+                h = tf.nn.max_pool2d(h, ksize=3, strides=2, padding="SAME")
+                for conv_0, conv_1 in blocks:
+                    y = conv_0(tf.nn.relu(h))
+                    y = conv_1(tf.nn.relu(y))
+                    h = h + y
+            h = tf.nn.relu(h)
+        h = tf.reshape(h, [-1, int(math.prod(h.shape[1:]))])
+        return tf.nn.relu(dense(h))
+
+    def unroll(
+        self, obs: Mapping[str, Any], first: Any, initial_state: Mapping[str, Any]
+    ) -> Tuple[Dict[str, tf.Tensor], tf.Tensor]:
+        """Runs the network over a batch of unrolls.
+
+        Args:
+          obs: ``{key: [T+1, B, *obs_shape]}`` (uint8 pixels are converted here).
+          first: [T+1, B] bool, true where a step starts an episode (resets the LSTM).
+          initial_state: ``{name: [B, ...]}`` core state before step 0 (``{}`` without LSTM).
+
+        Returns:
+          ``(policy_params {name: [T+1, B, *param_shape]}, values [T+1, B])``.
+        """
+        missing = [t.key for t in self.plan.torsos if t.key not in obs]
+        if missing:
+            raise ValueError(f"obs lacks keys {missing}; the network needs {[t.key for t in self.plan.torsos]}.")
+        feats = []
+        lead = None
+        for t in self.plan.torsos:
+            x = tf.convert_to_tensor(obs[t.key])
+            expected_rank = 2 + len(t.input_shape)
+            if x.shape.rank != expected_rank or not x.shape[2:].is_compatible_with(t.input_shape):
+                raise ValueError(
+                    f"obs[{t.key!r}] must have shape [T+1, B, {', '.join(map(str, t.input_shape))}], "
+                    f"got {x.shape.as_list() if x.shape.rank is not None else 'unknown rank'}."
+                )
+            if lead is None:
+                lead = tf.shape(x)[:2]
+            folded = tf.reshape(x, tf.concat([[-1], t.input_shape], axis=0))  # [(T+1)*B, ...]
+            feats.append(self._torso(t, folded))
+        h = feats[0] if len(feats) == 1 else tf.concat(feats, axis=-1)
+        n_feat = h.shape[-1]
+        h = tf.reshape(h, tf.concat([lead, [n_feat]], axis=0))  # [T+1, B, F]
+        if self._lstm is not None:
+            for key in ("h", "c"):
+                if key not in initial_state:
+                    raise ValueError(f"initial_state lacks {key!r}; an LSTM network needs 'h' and 'c', each [B, {self.plan.lstm_size}].")
+            first = tf.cast(tf.convert_to_tensor(first), tf.bool)
+            if first.shape.rank != 2:
+                raise ValueError(f"first must have shape [T+1, B], got {first.shape.as_list()}.")
+            h0 = tf.cast(initial_state["h"], tf.float32)
+            c0 = tf.cast(initial_state["c"], tf.float32)
+            cell = self._lstm
+
+            def step(carry, inputs):
+                _, h_prev, c_prev = carry
+                x_t, first_t = inputs
+                keep = tf.cast(tf.logical_not(first_t), tf.float32)[:, None]
+                out, (h_new, c_new) = cell(x_t, [h_prev * keep, c_prev * keep])
+                return out, h_new, c_new
+
+            outputs, _, _ = tf.scan(step, (h, first), initializer=(tf.zeros_like(h0), h0, c0))
+            h = outputs  # [T+1, B, H]
+        n_in = h.shape[-1]
+        flat = tf.reshape(h, [-1, n_in])
+        raw = {}
+        for pname, shape in self.plan.head_shapes.items():
+            out = self._policy_heads[pname](flat)
+            raw[pname] = tf.reshape(out, tf.concat([lead, list(shape)], axis=0))
+        policy_params = self.policy.params_from_head_tf(raw)
+        values = tf.reshape(self._value_head(flat), lead)
+        return policy_params, values
