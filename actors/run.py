@@ -1,0 +1,164 @@
+"""Actor entry point: ``python -m actors.run --learner-address HOST:PORT --actors N``.
+
+Hosts N envs in one process with batched NumPy inference (``--actor-processes P`` starts P
+supervised processes sharing the N envs instead). Everything else — env id and arguments,
+network, unroll length, frame stacking — comes from the learner's handshake, so an actor
+host needs only the address (and the token, via ``--token`` or ``$IMPALA_REP_TOKEN``).
+Never imports TensorFlow.
+"""
+
+import os
+
+# Entry point: one BLAS/OpenMP thread per actor process, set before NumPy loads.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from typing import List, Optional  # noqa: E402
+
+__all__ = ["main", "build_actor"]
+
+log = logging.getLogger("impala_rep.actor")
+
+
+def build_actor(client, num_envs: int, seed: int):
+    """Makes envs, network and policy from the handshake; returns an :class:`Actor`."""
+    import envs
+    from actors.actor import Actor
+    from impala_rep.distributions import make_policy
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.networks.numpy_backend import NumpyNetwork
+    from impala_rep.specs import env_spec_from_dm_env, stacked_observation_specs, unroll_spec
+
+    hs = client.connect()
+    cfg = hs.run_config_dict()
+    for key in ("env", "env_kwargs", "network"):
+        if key not in cfg:
+            raise ValueError(
+                f"the learner's run_config lacks {key!r}; is {client.address} an impala_rep learner of this version?"
+            )
+    env_list = [envs.make(cfg["env"], seed=seed + i, **cfg["env_kwargs"]) for i in range(num_envs)]
+    env_spec = env_spec_from_dm_env(env_list[0])
+    net_config = NetworkConfig(**cfg["network"])
+    policy = make_policy(env_spec.action, net_config)
+    frame_stack = dict(hs.frame_stack)
+    network = NumpyNetwork(net_config, stacked_observation_specs(env_spec.observations, frame_stack), env_spec.action)
+    core_state = {
+        name: hs.unroll_spec[f"core_state/{name}"] for name in network.initial_state(1)
+        if f"core_state/{name}" in hs.unroll_spec
+    }
+    local = unroll_spec(env_spec, hs.unroll_length, frame_stack, core_state, policy.action_spec)
+    mismatched = sorted(
+        k for k in set(local) | set(hs.unroll_spec)
+        if k not in local or k not in hs.unroll_spec
+        or (local[k].shape, local[k].dtype) != (hs.unroll_spec[k].shape, hs.unroll_spec[k].dtype)
+    )
+    if mismatched:
+        raise ValueError(
+            f"the env {cfg['env']!r} made on this host does not match the learner's unroll spec "
+            f"(differing tensors: {mismatched}); use the same impala_rep version and env arguments on both."
+        )
+    version = 0
+    fresh = client.get_parameters()
+    if fresh is not None:
+        version, params = fresh
+        network.set_params(params)
+
+    def sink(unroll):
+        client.send(unroll.tensors, unroll.policy_version, unroll.episode_returns, unroll.episode_lengths)
+
+    def fetch(have_version):
+        fresh = client.get_parameters()
+        return (have_version, None) if fresh is None else fresh
+
+    return Actor(env_list, network, policy, hs.unroll_length, frame_stack, sink=sink, fetch_params=fetch,
+                 seed=seed, policy_version=version)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    parser = argparse.ArgumentParser(prog="python -m actors.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--learner-address", required=True, help="HOST:PORT of the learner")
+    parser.add_argument("--actors", type=int, default=1, help="envs acting in parallel (default 1)")
+    parser.add_argument("--actor-processes", type=int, default=1, help="processes sharing the envs (default 1)")
+    parser.add_argument("--actor-id", default=None, help="name in the learner's metrics (default actor-PID)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--token", default=None, help="the learner's shared token (default $IMPALA_REP_TOKEN)")
+    parser.add_argument("--tls-ca", default=None, help="PEM certificate to trust; enables TLS")
+    parser.add_argument("--give-up-after", type=float, default=300.0,
+                        help="seconds without the learner before exiting (default 300)")
+    parser.add_argument("--max-actor-restarts", type=int, default=10)
+    args = parser.parse_args(argv)
+    if args.actors < 1:
+        parser.error(f"--actors must be at least 1, got {args.actors}.")
+    if not 1 <= args.actor_processes <= args.actors:
+        parser.error(f"--actor-processes must be between 1 and --actors ({args.actors}), got {args.actor_processes}.")
+    if ":" not in args.learner_address:
+        parser.error(f"--learner-address must be HOST:PORT, got {args.learner_address!r}.")
+    token = args.token or os.environ.get("IMPALA_REP_TOKEN") or None
+
+    if args.actor_processes > 1:
+        return _supervise(args, token)
+
+    from actors.client import LearnerClient, LearnerUnavailableError, TransportError
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    actor_id = args.actor_id or f"actor-{os.getpid()}"
+    client = LearnerClient(args.learner_address, token=token, root_certificates=args.tls_ca,
+                           actor_id=actor_id, give_up_after_s=args.give_up_after)
+    try:
+        actor = build_actor(client, args.actors, args.seed)
+        log.info("%s: %d env(s), policy version %d, streaming to %s",
+                 actor_id, args.actors, actor.policy_version, args.learner_address)
+        actor.run(stop)
+    except LearnerUnavailableError as exc:
+        log.error("%s", exc)
+        return 3
+    except (TransportError, ValueError) as exc:
+        log.error("%s", exc)
+        return 2
+    finally:
+        client.close(drain=False, timeout=2.0)
+    return 0
+
+
+def _supervise(args, token: Optional[str]) -> int:
+    import time
+
+    from actors.supervisor import ActorSupervisor
+
+    base, rest = divmod(args.actors, args.actor_processes)
+    commands = []
+    for i in range(args.actor_processes):
+        n = base + (1 if i < rest else 0)
+        cmd = [sys.executable, "-m", "actors.run", "--learner-address", args.learner_address, "--actors", str(n),
+               "--actor-id", f"{args.actor_id or 'actor'}-{i}", "--seed", str(args.seed + 1000 * (i + 1)),
+               "--give-up-after", str(args.give_up_after)]
+        if args.tls_ca:
+            cmd += ["--tls-ca", args.tls_ca]
+        commands.append(cmd)
+    env = dict(os.environ)
+    if token:
+        env["IMPALA_REP_TOKEN"] = token
+    sup = ActorSupervisor(commands, max_restarts=args.max_actor_restarts, env=env)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    sup.start()
+    try:
+        while not stop.is_set() and not sup.all_given_up:
+            sup.poll()
+            time.sleep(1.0)
+    finally:
+        sup.stop()
+    return 1 if sup.all_given_up else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
