@@ -306,7 +306,11 @@ class Replicator:
 
         ``op`` is ``"sum"`` or ``"mean"``; returns ordinary tensors.
         """
-        return self.strategy.reduce(_reduce_op(op, allowed=("sum", "mean")), value, axis=None)
+        import tensorflow as tf
+
+        reduce_op = _reduce_op(op, allowed=("sum", "mean"))
+        # Leaf by leaf: MultiWorkerMirroredStrategy.reduce rejects some nests of tensors.
+        return tf.nest.map_structure(lambda v: self.strategy.reduce(reduce_op, v, axis=None), value)
 
     def local_results(self, value: Any) -> Tuple[Any, ...]:
         """This process's per-replica values of ``value``, in replica order."""

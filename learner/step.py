@@ -1,0 +1,442 @@
+"""The replicated learner step: V-trace loss, all-reduced gradients, clipped RMSProp.
+
+Shape letters: ``T`` transitions per unroll (an unroll holds ``T+1`` steps), ``B`` the
+*global* batch (unrolls per learner step), ``N`` replicas; each replica gets ``B / N``.
+
+One :class:`LearnerStep` owns the network, a ``tf_keras.optimizers.RMSprop`` (both created
+in the replicator's scope, so their variables are mirrored on every replica), the step
+counter (the optimizer's ``iterations``) and a compiled ``tf.function`` with a fixed input
+signature (from the batch spec) that, per call:
+
+1. splits the global ``[T+1, B, ...]`` batch along ``B`` (:meth:`Replicator.distribute`);
+2. on every replica unrolls the network over its ``B / N`` unrolls and computes the loss
+   and its gradients (``loss_fn``; the loss is a *sum* over T and B, so per-replica losses
+   add up to the global loss);
+3. all-reduces the gradients with a sum (so they equal the one-replica gradient of the
+   global batch), clips them by global norm and applies them with RMSProp
+   (:class:`~impala_rep.replicator.ReplicatedOptimizer`);
+4. returns metrics reduced over replicas (sums; ``<name>_sum`` metrics also get a
+   ``<name>_mean`` = sum / num_transitions).
+
+``jit_compile=True`` compiles each replica's forward and backward pass (network unroll,
+loss, gradients: nearly all of the work) with XLA. That part has static shapes and no host
+round-trips, which is what a TPU needs; on a TPU, ``TPUStrategy`` compiles the whole step,
+collectives and optimizer included. On CPU/GPU ``MirroredStrategy`` the all-reduce and the
+optimizer update run outside the XLA cluster (cross-device collectives are not XLA ops there).
+
+Parameters for actors: :meth:`LearnerStep.get_params` returns ``(version, {name:
+np.ndarray})`` read from the first replica's copy of the mirrored variables. Reads and the
+update are serialised by a lock, so a snapshot is never torn (never half an update), and
+the read is a device-to-host copy of the weights (well under a millisecond for the shallow
+network on CPU): the training loop calls it between steps, on the learner thread, every
+few steps, and publishes the result to the parameter store; actors never touch the
+variables, so serving them never stalls the step.
+
+Usage::
+
+    replicator = make_replicator("cpu", num_replicas=2)
+    learner = LearnerStep.from_config(replicator, NetworkConfig(), obs_specs, env_action_spec,
+                                      unroll_length=20, batch_size=32)
+    ckpt = tf.train.Checkpoint(**learner.checkpoint_objects())
+    for batch in batches:                       # {"observation/pixels": [21, 32, 84, 84, 9], ...}
+        metrics = learner.train(batch)          # {"loss": ..., "grad_norm": ..., ...}
+        version, params = learner.get_params()  # publish to actors
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from impala_rep.specs import STEP_FIRST, ArraySpec
+
+__all__ = [
+    "LearnerStep",
+    "LossFn",
+    "OptimizerConfig",
+    "make_batch_spec",
+]
+
+# loss_fn(policy, policy_params {name: [T+1, B/N, ...]}, values [T+1, B/N], batch) ->
+#   (scalar loss summed over the replica's batch, {name: scalar metric summed likewise})
+LossFn = Callable[[Any, Mapping[str, Any], Any, Mapping[str, Any]], Tuple[Any, Dict[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """RMSProp with global-norm gradient clipping (IMPALA's Atari settings by default).
+
+    Attributes:
+      learning_rate: initial learning rate.
+      decay: RMSProp's moving-average decay of squared gradients (Keras ``rho``).
+      momentum: RMSProp momentum.
+      epsilon: added to the mean square *inside* the square root, as in TF1's RMSProp that
+        IMPALA used (``tf_keras.optimizers.RMSprop`` does the same).
+      clip_norm: global-norm clipping threshold of the all-reduced gradients, or ``None``.
+      anneal_steps: anneal the learning rate linearly to 0 over this many learner steps
+        (then keep it at 0), or ``None`` for a constant rate.
+    """
+
+    learning_rate: float = 6e-4
+    decay: float = 0.99
+    momentum: float = 0.0
+    epsilon: float = 0.01
+    clip_norm: Optional[float] = 40.0
+    anneal_steps: Optional[int] = None
+
+    def __post_init__(self):
+        def number(name: str) -> float:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"OptimizerConfig.{name} must be a finite number, got {value!r}.")
+            return float(value)
+
+        if not number("learning_rate") > 0:
+            raise ValueError(f"OptimizerConfig.learning_rate must be positive, got {self.learning_rate}.")
+        if not 0.0 <= number("decay") < 1.0:
+            raise ValueError(f"OptimizerConfig.decay must lie in [0, 1), got {self.decay}.")
+        if not 0.0 <= number("momentum") < 1.0:
+            raise ValueError(f"OptimizerConfig.momentum must lie in [0, 1), got {self.momentum}.")
+        if not number("epsilon") > 0:
+            raise ValueError(f"OptimizerConfig.epsilon must be positive, got {self.epsilon}.")
+        if self.clip_norm is not None and not number("clip_norm") > 0:
+            raise ValueError(
+                f"OptimizerConfig.clip_norm must be positive, or None for no clipping; got {self.clip_norm}."
+            )
+        if self.anneal_steps is not None:
+            if isinstance(self.anneal_steps, bool) or not isinstance(self.anneal_steps, int):
+                raise TypeError(
+                    f"OptimizerConfig.anneal_steps must be an int or None, got {self.anneal_steps!r}."
+                )
+            if self.anneal_steps < 1:
+                raise ValueError(
+                    f"OptimizerConfig.anneal_steps must be at least 1, or None for a constant "
+                    f"learning rate; got {self.anneal_steps}."
+                )
+
+    def learning_rate_schedule(self):
+        """The learning rate as a float, or a ``tf_keras`` linear schedule to 0."""
+        import tf_keras
+
+        if self.anneal_steps is None:
+            return float(self.learning_rate)
+        return tf_keras.optimizers.schedules.PolynomialDecay(
+            initial_learning_rate=float(self.learning_rate),
+            decay_steps=int(self.anneal_steps),
+            end_learning_rate=0.0,
+            power=1.0,
+        )
+
+    def make_optimizer(self):
+        """A ``tf_keras.optimizers.RMSprop`` (create it inside the replicator's scope)."""
+        import tf_keras
+
+        return tf_keras.optimizers.RMSprop(
+            learning_rate=self.learning_rate_schedule(),
+            rho=float(self.decay),
+            momentum=float(self.momentum),
+            epsilon=float(self.epsilon),
+            centered=False,
+        )
+
+
+def make_batch_spec(
+    observation_specs: Mapping[str, ArraySpec],
+    action_spec: ArraySpec,
+    unroll_length: int,
+    batch_size: int,
+    core_state: Optional[Mapping[str, ArraySpec]] = None,
+) -> Dict[str, ArraySpec]:
+    """The spec of a learner batch, as ``learner.batcher`` produces it (global ``B``).
+
+    Args:
+      observation_specs: per-step observation specs as the network sees them (stacked).
+      action_spec: the spec of the action the *policy* emits (``policy.action_spec``).
+      unroll_length: T.
+      batch_size: B, the global batch.
+      core_state: name -> per-unroll recurrent state spec (without the batch dimension).
+
+    Keys: ``observation/<key>`` ``[T+1, B, *obs]``, ``step_type`` (uint8), ``reward``,
+    ``discount``, ``behaviour_log_prob`` (float32) ``[T+1, B]``, ``action`` ``[T+1, B,
+    *action]``, ``core_state/<name>`` ``[B, *state]``. (``policy_version`` is host-side
+    bookkeeping and not part of the step's input.)
+    """
+    for name, value in (("unroll_length", unroll_length), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    steps, b = unroll_length + 1, batch_size
+    spec: Dict[str, ArraySpec] = {}
+    for key, obs in observation_specs.items():
+        spec[f"observation/{key}"] = obs.with_leading(steps, b, name=f"observation/{key}")
+    spec["step_type"] = ArraySpec("step_type", (steps, b), "uint8", minimum=0, maximum=2)
+    spec["reward"] = ArraySpec("reward", (steps, b), "float32")
+    spec["discount"] = ArraySpec("discount", (steps, b), "float32", minimum=0.0, maximum=1.0)
+    spec["action"] = action_spec.with_leading(steps, b, name="action")
+    spec["behaviour_log_prob"] = ArraySpec("behaviour_log_prob", (steps, b), "float32")
+    for name, state in (core_state or {}).items():
+        spec[f"core_state/{name}"] = state.with_leading(b, name=f"core_state/{name}")
+    return spec
+
+
+def _impala_loss_fn(loss_config) -> LossFn:
+    from impala_rep.losses import impala_loss
+
+    def loss_fn(policy, policy_params, values, batch):
+        return impala_loss(policy, policy_params, values, batch, loss_config)
+
+    return loss_fn
+
+
+class LearnerStep:
+    """The replicated, compiled learner update (see the module docstring).
+
+    Args:
+      replicator: an :class:`~impala_rep.replicator.Replicator`.
+      make_network: called once inside the replicator's scope; returns an object with
+        ``unroll(obs {key: [T+1, B, ...]}, first [T+1, B] bool, initial_state {name: [B,
+        ...]}) -> (policy_params {name: [T+1, B, ...]}, values [T+1, B])`` and
+        ``trainable_variables`` (created at construction), and optionally ``get_params()``
+        (e.g. :class:`impala_rep.networks.tf_backend.TFNetwork`).
+      policy: the :class:`~impala_rep.distributions.Policy` passed to ``loss_fn``.
+      batch_spec: the global batch spec (:func:`make_batch_spec`); fixes the input signature.
+      loss_fn: a :data:`LossFn`; default :func:`impala_rep.losses.impala_loss` with
+        ``loss_config``. Its loss and metrics must be sums over the replica's batch.
+      loss_config: a :class:`impala_rep.losses.LossConfig` for the default loss.
+      optimizer_config: an :class:`OptimizerConfig`.
+      jit_compile: compile each replica's forward/backward pass with XLA.
+    """
+
+    def __init__(
+        self,
+        replicator,
+        make_network: Callable[[], Any],
+        policy: Any,
+        batch_spec: Mapping[str, ArraySpec],
+        loss_fn: Optional[LossFn] = None,
+        loss_config: Any = None,
+        optimizer_config: OptimizerConfig = OptimizerConfig(),
+        jit_compile: bool = False,
+    ):
+        import tensorflow as tf
+
+        from impala_rep.replicator import Replicator
+
+        if not isinstance(replicator, Replicator):
+            raise TypeError(f"replicator must be a Replicator (make_replicator), got {type(replicator).__name__}.")
+        if not isinstance(optimizer_config, OptimizerConfig):
+            raise TypeError(f"optimizer_config must be an OptimizerConfig, got {type(optimizer_config).__name__}.")
+        if loss_fn is not None and loss_config is not None:
+            raise ValueError("give loss_fn or loss_config, not both (loss_config configures the default IMPALA loss).")
+        if loss_fn is None:
+            from impala_rep.losses import LossConfig
+
+            loss_fn = _impala_loss_fn(loss_config if loss_config is not None else LossConfig())
+        self._check_batch_spec(batch_spec, replicator.num_replicas)
+
+        self.replicator = replicator
+        self.policy = policy
+        self.batch_spec = dict(batch_spec)
+        self.optimizer_config = optimizer_config
+        self.jit_compile = bool(jit_compile)
+        self._loss_fn = loss_fn
+        self._obs_keys = sorted(k.split("/", 1)[1] for k in batch_spec if k.startswith("observation/"))
+        self._state_keys = sorted(k.split("/", 1)[1] for k in batch_spec if k.startswith("core_state/"))
+        self._lock = threading.Lock()
+
+        with replicator.scope():
+            self.network = make_network()
+            variables = list(self.network.trainable_variables)
+            if not variables:
+                raise ValueError(
+                    "the network has no trainable variables after construction; create its "
+                    "variables in __init__ (build it) so they are mirrored on every replica."
+                )
+            self.optimizer = optimizer_config.make_optimizer()
+            self.optimizer.build(variables)
+        self._variables = variables
+        self._replicated_optimizer = replicator.wrap_optimizer(self.optimizer, clip_norm=optimizer_config.clip_norm)
+        self._lr_schedule = optimizer_config.learning_rate_schedule()
+
+        self._grad_fn = tf.function(self._loss_and_grads, jit_compile=self.jit_compile, autograph=False)
+        signature = {
+            key: tf.TensorSpec(spec.shape, tf.as_dtype(spec.dtype), name=key.replace("/", "_"))
+            for key, spec in self.batch_spec.items()
+        }
+        self.train_fn = tf.function(self._train, input_signature=[signature], autograph=False)
+
+    # -- construction helpers ----------------------------------------------------------
+
+    @classmethod
+    def from_config(
+        cls,
+        replicator,
+        network_config,
+        observation_specs: Mapping[str, ArraySpec],
+        env_action_spec: ArraySpec,
+        unroll_length: int,
+        batch_size: int,
+        loss_config: Any = None,
+        optimizer_config: OptimizerConfig = OptimizerConfig(),
+        jit_compile: bool = False,
+    ) -> "LearnerStep":
+        """Builds the IMPALA learner from a ``NetworkConfig`` and the (stacked) observation specs."""
+        from impala_rep.distributions import make_policy
+        from impala_rep.networks.tf_backend import TFNetwork
+
+        policy = make_policy(env_action_spec, network_config)
+
+        def make_network():
+            return TFNetwork(network_config, observation_specs, env_action_spec)
+
+        core_state = None
+        lstm = getattr(network_config, "lstm_size", None)
+        if lstm:
+            core_state = {
+                "h": ArraySpec("h", (lstm,), "float32"),
+                "c": ArraySpec("c", (lstm,), "float32"),
+            }
+        batch_spec = make_batch_spec(observation_specs, policy.action_spec, unroll_length, batch_size, core_state)
+        return cls(
+            replicator,
+            make_network,
+            policy,
+            batch_spec,
+            loss_config=loss_config,
+            optimizer_config=optimizer_config,
+            jit_compile=jit_compile,
+        )
+
+    @staticmethod
+    def _check_batch_spec(batch_spec: Mapping[str, ArraySpec], num_replicas: int) -> None:
+        required = ("step_type", "reward", "discount", "action", "behaviour_log_prob")
+        missing = [k for k in required if k not in batch_spec]
+        if missing or not any(k.startswith("observation/") for k in batch_spec):
+            raise ValueError(
+                f"batch_spec lacks {missing or ['observation/<key>']}; build it with make_batch_spec."
+            )
+        b = batch_spec["reward"].shape[1]
+        if b % num_replicas:
+            raise ValueError(
+                f"the batch size {b} is not divisible by the {num_replicas} replicas: use a batch "
+                f"size that is a multiple of {num_replicas} (e.g. {max(num_replicas, b // num_replicas * num_replicas)}) "
+                "or change num_replicas."
+            )
+
+    # -- the step ------------------------------------------------------------------------
+
+    def _loss_and_grads(self, batch):
+        """One replica's forward and backward pass on its [T+1, B/N] shard."""
+        import tensorflow as tf
+
+        obs = {key: batch[f"observation/{key}"] for key in self._obs_keys}
+        first = tf.equal(tf.cast(batch["step_type"], tf.int32), STEP_FIRST)
+        state = {key: batch[f"core_state/{key}"] for key in self._state_keys}
+        with tf.GradientTape() as tape:
+            policy_params, values = self.network.unroll(obs, first, state)
+            loss, metrics = self._loss_fn(self.policy, policy_params, values, batch)
+        grads = tape.gradient(loss, self._variables)
+        metrics = dict(metrics)
+        metrics.setdefault("loss", loss)
+        return grads, metrics
+
+    def _replica_step(self, batch):
+        import tensorflow as tf
+
+        grads, metrics = self._grad_fn(batch)
+        step = tf.cast(self.optimizer.iterations, tf.float32)
+        grad_norm = self._replicated_optimizer.apply_gradients(zip(grads, self._variables))
+        metrics = {k: tf.cast(v, tf.float32) for k, v in metrics.items()}
+        # Identical on every replica; divided by N here so that the SUM reduction below
+        # returns them unchanged.
+        n = float(self.replicator.num_replicas)
+        lr = self._lr_schedule(step) if callable(self._lr_schedule) else tf.constant(self._lr_schedule)
+        metrics["grad_norm"] = grad_norm / n
+        metrics["learning_rate"] = tf.cast(lr, tf.float32) / n
+        return metrics
+
+    def _train(self, batch):
+        import tensorflow as tf
+
+        per_replica = self.replicator.run(self._replica_step, (self.replicator.distribute(batch, axis=1),))
+        metrics = self.replicator.reduce("sum", per_replica)
+        if "num_transitions" in metrics:
+            count = tf.maximum(metrics["num_transitions"], 1.0)
+            for key in list(metrics):
+                if key.endswith("_sum"):
+                    metrics[key[: -len("_sum")] + "_mean"] = metrics[key] / count
+        metrics["step"] = tf.cast(self.optimizer.iterations, tf.float32)
+        return metrics
+
+    def train(self, batch: Mapping[str, Any]) -> Dict[str, float]:
+        """One learner step on a global numpy batch ``{key: [T+1, B, ...]}``; returns metrics.
+
+        Keys of the batch spec are required (dtype and shape exact); other keys (e.g.
+        ``policy_version``) are ignored. Raises ``ValueError`` naming the first mismatch.
+        """
+        inputs = {}
+        for key, spec in self.batch_spec.items():
+            if key not in batch:
+                raise ValueError(f"the batch lacks {key!r}; the learner step needs {sorted(self.batch_spec)}.")
+            value = batch[key]
+            dtype = getattr(value, "dtype", None)
+            if dtype is None or np.dtype(getattr(dtype, "as_numpy_dtype", dtype)).name != spec.dtype:
+                raise ValueError(
+                    f"batch[{key!r}] has dtype {getattr(dtype, 'name', dtype)}, but the learner step "
+                    f"expects {spec.dtype}."
+                )
+            if tuple(value.shape) != tuple(spec.shape):
+                raise ValueError(
+                    f"batch[{key!r}] has shape {list(value.shape)}, but the learner step expects "
+                    f"{list(spec.shape)} ([T+1, B, ...] with the global B the step was built for)."
+                )
+            inputs[key] = value
+        with self._lock:
+            metrics = self.train_fn(inputs)
+            return {k: float(v) for k, v in metrics.items()}
+
+    # -- parameters and checkpoints ------------------------------------------------------
+
+    @property
+    def step(self):
+        """The learner step counter (a variable: the optimizer's ``iterations``)."""
+        return self.optimizer.iterations
+
+    def get_params(self) -> Tuple[int, Dict[str, np.ndarray]]:
+        """``(version, {name: np.ndarray})``: a consistent snapshot of the parameters.
+
+        ``version`` is the number of learner steps applied. Never taken mid-update (the
+        update and the read share a lock); see the module docstring for why this does not
+        stall training.
+        """
+        with self._lock:
+            version = int(self.optimizer.iterations.numpy())
+            if hasattr(self.network, "get_params"):
+                params = self.network.get_params()
+            else:
+                params = {v.name: v.numpy() for v in self._variables}
+            return version, {k: np.array(v, copy=True) for k, v in params.items()}
+
+    def set_params(self, params: Mapping[str, np.ndarray]) -> None:
+        """Loads network parameters (e.g. from an exported policy) on every replica."""
+        with self._lock:
+            if hasattr(self.network, "set_params"):
+                self.network.set_params(params)
+            else:
+                by_name = {v.name: v for v in self._variables}
+                unknown = sorted(set(params) - set(by_name))
+                if unknown:
+                    raise ValueError(f"unknown parameter(s) {unknown}; the network has {sorted(by_name)}.")
+                for name, value in params.items():
+                    by_name[name].assign(value)
+
+    def checkpoint_objects(self) -> Dict[str, Any]:
+        """What to checkpoint: ``tf.train.Checkpoint(**learner.checkpoint_objects())``.
+
+        ``network`` and ``optimizer`` (whose slots and ``iterations`` hold the optimiser
+        state and the step counter); ``step`` is the same counter, named for readers.
+        """
+        return {"network": self.network, "optimizer": self.optimizer, "step": self.optimizer.iterations}
