@@ -74,19 +74,26 @@ class Trainer:
             env_spec, config.unroll_length, self.frame_stack, core_state, self.policy.action_spec
         )
         self.replicator = replicator or make_replicator(
-            config.learner, num_replicas=config.replicas, tpu_address=config.tpu_address
+            config.learner, num_replicas=config.replicas, tpu=config.tpu_address
         )
-        self.step = LearnerStep(
-            replicator=self.replicator,
-            network_config=self.network_config,
-            obs_specs=self.obs_specs,
-            action_spec=env_spec.action,
-            policy=self.policy,
+        self.step = LearnerStep.from_config(
+            self.replicator,
+            self.network_config,
+            self.obs_specs,
+            env_spec.action,
+            unroll_length=config.unroll_length,
+            batch_size=config.batch_size,
             loss_config=LossConfig(**config.loss),
             optimizer_config=OptimizerConfig(**config.optimizer),
-            batch_spec=self.batch_spec(),
             jit_compile=config.jit_compile,
         )
+        expected = {k for k in self.step.batch_spec}
+        produced = {k for k in self.batch_spec()}
+        if expected != produced:
+            raise ValueError(
+                f"internal mismatch between the learner step's batch spec and the transport's: "
+                f"{sorted(expected ^ produced)}."
+            )
         self.agent_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="agent_steps")
         self.checkpoint = tf.train.Checkpoint(agent_steps=self.agent_steps, **self.step.checkpoint_objects())
         os.makedirs(config.logdir, exist_ok=True)
@@ -111,7 +118,7 @@ class Trainer:
             )
         self.queue = UnrollQueue(capacity=capacity)
         self.params = ParameterStore()
-        self.params.publish(self.step.get_params(), version=self.learner_step + 1)
+        self.params.publish(self.step.get_params()[1], version=self.learner_step + 1)
         self.server = LearnerServer(
             self.unroll_spec,
             config.unroll_length,
@@ -154,7 +161,7 @@ class Trainer:
 
     @property
     def learner_step(self) -> int:
-        return int(self.step.step_counter.numpy())
+        return int(self.step.step.numpy())
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -169,7 +176,7 @@ class Trainer:
         path = self.manager.save(checkpoint_number=self.learner_step)
         save_policy(
             os.path.join(self.config.logdir, "policy"),
-            self.step.get_params(),
+            self.step.get_params()[1],
             {
                 "env": self.config.env,
                 "env_kwargs": dict(self.config.env_kwargs),
@@ -232,7 +239,7 @@ class Trainer:
                 break
             metrics = self.step.train(batch.tensors)
             self.agent_steps.assign_add(frames_per_batch)
-            version = self.params.publish(self.step.get_params(), version=self.learner_step + 1)
+            version = self.params.publish(self.step.get_params()[1], version=self.learner_step + 1)
             lag = policy_lag(batch.tensors["policy_version"], version - 1)
             self._returns.extend(float(r) for r in batch.episode_returns)
             now = time.monotonic()
@@ -260,7 +267,7 @@ class Trainer:
             "queue_fill": self.queue.fill,
         }
         record.update({f"loss/{k}": float(np.asarray(v)) for k, v in metrics.items()})
-        record.update({f"policy_lag/{k}": float(v) for k, v in lag.items()})
+        record.update({k: float(v) for k, v in lag.items()})
         if self._returns:
             record["episode_return"] = float(np.mean(self._returns))
             record["episodes_in_window"] = len(self._returns)
@@ -278,7 +285,7 @@ class Trainer:
 
     def _log_progress(self, r: Dict[str, float]) -> None:
         ret = f"{r['episode_return']:.1f}" if "episode_return" in r else "n/a"
-        lag = r.get("policy_lag/mean", float("nan"))
+        lag = r.get("policy_lag_mean", float("nan"))
         log.info(
             "step %d | agent steps %d | env frames/s %.0f | learner steps/s %.2f | return %s | "
             "policy lag %.1f | queue %.0f%%",
