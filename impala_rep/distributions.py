@@ -15,7 +15,7 @@ Policies (:func:`make_policy` picks one from the env's action spec and the netwo
   ``{"logits": (N,)}``, actions int32 scalars.
 * :class:`GaussianPolicy` for bounded continuous actions: a diagonal Gaussian whose mean
   and log standard deviation are both network outputs (state-dependent). The network's raw
-  ``log_std`` output is soft-clamped to ``[LOG_STD_MIN, LOG_STD_MAX]`` by
+  ``log_std`` output is soft-clamped to ``[LOG_STD_MIN, LOG_STD_MAX]`` (within 1e-3) by
   :meth:`GaussianPolicy.params_from_head_np`/``_tf`` (smooth, so gradients never vanish at
   a hard edge). Sampled actions are stored and scored *unclipped*; only
   :meth:`to_env_action` clips them to the env's bounds.

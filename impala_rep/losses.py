@@ -34,15 +34,26 @@ Usage in a learner step::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from impala_rep.specs import STEP_LAST
 
-__all__ = ["LossConfig", "impala_loss", "BATCH_KEYS"]
+__all__ = ["LossConfig", "LossTerms", "impala_loss", "loss_terms", "BATCH_KEYS"]
 
 BATCH_KEYS = ("action", "reward", "discount", "step_type", "behaviour_log_prob")
+
+LossTerms = collections.namedtuple(
+    "LossTerms",
+    ["mask", "log_rhos", "target_log_prob", "entropy", "values", "vs", "pg_advantages"],
+)
+LossTerms.__doc__ = """Per-transition quantities of the loss, each [T, B].
+
+``mask`` is 0 for transitions that start at a LAST step, 1 elsewhere; ``log_rhos`` is
+``-inf`` where masked; ``values`` are V(x_t) for t < T; ``vs`` and ``pg_advantages`` are
+the (gradient-stopped) V-trace outputs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +110,8 @@ def impala_loss(
 ) -> Tuple[Any, Dict[str, Any]]:
     """The IMPALA loss of one (replica's) batch.
 
+    Computes :func:`loss_terms` and reduces them as in the module docstring.
+
     Args:
       policy: a :class:`~impala_rep.distributions.Policy`.
       policy_params: the learner's distribution parameters ``{name: [T+1, B, *shape]}``
@@ -119,6 +132,48 @@ def impala_loss(
     """
     import tensorflow as tf
 
+    terms = loss_terms(policy, policy_params, values, batch, config)
+    with tf.name_scope("impala_loss"):
+        mask = terms.mask
+        pg_loss = -tf.reduce_sum(mask * terms.pg_advantages * terms.target_log_prob)
+        baseline_loss = 0.5 * tf.reduce_sum(mask * tf.square(terms.vs - terms.values))
+        entropy_loss = -tf.reduce_sum(mask * terms.entropy)
+        loss = pg_loss + config.baseline_cost * baseline_loss + config.entropy_cost * entropy_loss
+
+        rhos = tf.exp(tf.stop_gradient(terms.log_rhos))  # 0 where masked
+        metrics = {
+            "loss": loss,
+            "pg_loss": pg_loss,
+            "baseline_loss": baseline_loss,
+            "entropy_loss": entropy_loss,
+            "num_transitions": tf.reduce_sum(mask),
+            "entropy_sum": tf.reduce_sum(mask * tf.stop_gradient(terms.entropy)),
+            "rho_sum": tf.reduce_sum(rhos),
+            "clipped_rho_sum": (
+                tf.reduce_sum(mask * tf.cast(rhos > config.clip_rho_threshold, tf.float32))
+                if config.clip_rho_threshold is not None
+                else tf.zeros([], tf.float32)
+            ),
+            "value_sum": tf.reduce_sum(mask * tf.stop_gradient(terms.values)),
+            "vs_sum": tf.reduce_sum(mask * terms.vs),
+            "pg_advantage_sum": tf.reduce_sum(mask * terms.pg_advantages),
+        }
+        return loss, metrics
+
+
+def loss_terms(
+    policy: Any,
+    policy_params: Mapping[str, Any],
+    values: Any,
+    batch: Mapping[str, Any],
+    config: LossConfig,
+) -> LossTerms:
+    """Validates the inputs of :func:`impala_loss` and computes its per-transition terms.
+
+    Arguments as in :func:`impala_loss`; returns :class:`LossTerms`, each [T, B].
+    """
+    import tensorflow as tf
+
     from impala_rep import vtrace
 
     if not isinstance(config, LossConfig):
@@ -130,7 +185,7 @@ def impala_loss(
     if missing:
         raise ValueError(f"policy_params lack {missing}; the policy needs {sorted(policy.param_shapes)}.")
 
-    with tf.name_scope("impala_loss"):
+    with tf.name_scope("impala_loss_terms"):
         values = tf.convert_to_tensor(values, tf.float32)
         if values.shape.rank != 2:
             raise ValueError(f"values must have shape [T+1, B], got {_shape_str(values.shape)}.")
@@ -187,27 +242,12 @@ def impala_loss(
             clip_pg_rho_threshold=config.clip_pg_rho_threshold,
             lambda_=config.lambda_,
         )
-        pg_loss = -tf.reduce_sum(mask * vt.pg_advantages * target_log_prob)
-        baseline_loss = 0.5 * tf.reduce_sum(mask * tf.square(vt.vs - values_t))
-        entropy_loss = -tf.reduce_sum(mask * entropy)
-        loss = pg_loss + config.baseline_cost * baseline_loss + config.entropy_cost * entropy_loss
-
-        rhos = tf.exp(tf.stop_gradient(log_rhos))  # 0 where masked
-        metrics = {
-            "loss": loss,
-            "pg_loss": pg_loss,
-            "baseline_loss": baseline_loss,
-            "entropy_loss": entropy_loss,
-            "num_transitions": tf.reduce_sum(mask),
-            "entropy_sum": tf.reduce_sum(mask * tf.stop_gradient(entropy)),
-            "rho_sum": tf.reduce_sum(rhos),
-            "clipped_rho_sum": (
-                tf.reduce_sum(mask * tf.cast(rhos > config.clip_rho_threshold, tf.float32))
-                if config.clip_rho_threshold is not None
-                else tf.zeros([], tf.float32)
-            ),
-            "value_sum": tf.reduce_sum(mask * tf.stop_gradient(values_t)),
-            "vs_sum": tf.reduce_sum(mask * vt.vs),
-            "pg_advantage_sum": tf.reduce_sum(mask * vt.pg_advantages),
-        }
-        return loss, metrics
+        return LossTerms(
+            mask=mask,
+            log_rhos=log_rhos,
+            target_log_prob=target_log_prob,
+            entropy=entropy,
+            values=values_t,
+            vs=vt.vs,
+            pg_advantages=vt.pg_advantages,
+        )
