@@ -90,7 +90,8 @@ def _gl_error(exc: BaseException) -> EnvError:
     backend = os.environ.get("MUJOCO_GL", "<unset>")
     return EnvError(
         f"no usable OpenGL backend for MuJoCo rendering (MUJOCO_GL={backend}: "
-        f"{type(exc).__name__}: {exc}); {_GL_PACKAGES_HINT}, or use observation='state'."
+        f"{type(exc).__name__}: {str(exc).rstrip('.')}); {_GL_PACKAGES_HINT}; state-only envs "
+        "(observation='state') also run with MUJOCO_GL=disable."
     )
 
 
@@ -126,9 +127,9 @@ def parse_dmc_id(env_id: str) -> Tuple[str, str]:
         )
     if domain not in domains:
         close = difflib.get_close_matches(domain, list(domains), n=3)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise EnvError(
-            f"unknown DM Control domain {domain!r} in {env_id!r}; {hint}valid domains: "
+            f"unknown DM Control domain {domain!r} in {env_id!r}{hint}; valid domains: "
             f"{', '.join(sorted(domains))}."
         )
     if task not in domains[domain]:

@@ -156,9 +156,9 @@ def _unknown_id(env_id: str) -> EnvError:
     close = difflib.get_close_matches(env_id, candidates, n=3, cutoff=0.6)
     close += [stripped[m] for m in difflib.get_close_matches(env_id, list(stripped), n=3, cutoff=0.6)]
     close = list(dict.fromkeys(close))[:3]
-    hint = f"did you mean {', '.join(close)}? " if close else ""
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
     return EnvError(
-        f"unknown env id {env_id!r}; {hint}accepted: the built-in ids "
+        f"unknown env id {env_id!r}{hint}; accepted: the built-in ids "
         f"{', '.join(sorted(_REGISTRY))}, dmc/DOMAIN-TASK for the {len(dmc_ids) or 'DM Control'} "
         "DM Control suite tasks (e.g. dmc/cartpole-swingup), or package.module:callable naming a "
         "factory that returns a dm_env.Environment."
@@ -226,7 +226,7 @@ def _call_factory(env_id: str, factory: Callable[..., Any], seed: Optional[int],
         if not var_kw:
             unknown = sorted(k for k in kwargs if k not in names)
             if unknown:
-                options = [n for n in names if n != "seed"] + list(WRAPPER_OPTIONS)
+                options = list(dict.fromkeys([n for n in names if n != "seed"] + list(WRAPPER_OPTIONS)))
                 raise EnvError(
                     f"env {env_id!r} does not accept the option(s) {', '.join(unknown)}; accepted: "
                     f"{', '.join(options)}."
@@ -255,7 +255,7 @@ def _call_factory(env_id: str, factory: Callable[..., Any], seed: Optional[int],
         ) from exc
     if not isinstance(env, dm_env.Environment):
         raise EnvError(
-            f"the factory for env {env_id!r} returned a {type(env).__name__}, not a "
+            f"the factory for env {env_id!r} returned an object of type {type(env).__name__}, not a "
             "dm_env.Environment; it must return a dm_env.Environment instance."
         )
     return env
