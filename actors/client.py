@@ -1,0 +1,441 @@
+"""The actor's gRPC client to the learner (TensorFlow-free).
+
+:class:`LearnerClient` connects and handshakes (learning the unroll spec, unroll length,
+frame stacking, limits, parameter version and the launcher's ``run_config``), streams
+unrolls from a background sender thread, fetches newer parameters, and reconnects with
+exponential backoff and jitter while the learner is away. The caller keeps its envs and
+state: ``send`` only blocks (the outbox holds at most ``outbox_size`` encoded unrolls) until
+the learner is back.
+
+Errors the learner answers that retrying cannot fix are raised to the caller, on the next
+``send``/``flush``/``get_parameters``: :class:`InvalidUnrollError` (``INVALID_ARGUMENT``, the
+unroll was malformed: a bug in the actor, never retried), :class:`AuthenticationError`
+(``UNAUTHENTICATED``: wrong or missing token) and :class:`LearnerUnavailableError` (the
+learner stayed away longer than ``give_up_after_s``).
+
+Usage::
+
+    with LearnerClient("127.0.0.1:50051", token=secret, actor_id="actor-0") as client:
+        hs = client.connect()                      # Handshake: hs.unroll_spec, hs.run_config, ...
+        version, params = client.get_parameters() or (0, {})
+        while True:
+            ...step envs, cut an unroll {key: array} matching hs.unroll_spec...
+            client.send(unroll, policy_version=version, episode_returns=[...], episode_lengths=[...])
+            fresh = client.get_parameters()          # None when the actor is up to date
+            if fresh is not None:
+                version, params = fresh
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import queue
+import random
+import threading
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+
+import grpc
+import numpy as np
+
+from impala_rep.proto import transport_pb2
+from impala_rep.specs import ArraySpec
+from impala_rep.wire import decode_tensors, encode_tensor, spec_from_proto
+
+__all__ = [
+    "TOKEN_METADATA_KEY",
+    "Handshake",
+    "LearnerClient",
+    "TransportError",
+    "InvalidUnrollError",
+    "AuthenticationError",
+    "LearnerUnavailableError",
+]
+
+TOKEN_METADATA_KEY = "x-impala-token"
+_SERVICE = "/impala_rep.transport.Learner/"
+_RETRYABLE = frozenset(
+    (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+     grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN)
+)
+_log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+
+class TransportError(RuntimeError):
+    """The learner answered something the client cannot recover from."""
+
+
+class InvalidUnrollError(TransportError, ValueError):
+    """The learner rejected an unroll as malformed (INVALID_ARGUMENT); it is not resent."""
+
+
+class AuthenticationError(TransportError, PermissionError):
+    """The learner refused the token (UNAUTHENTICATED)."""
+
+
+class LearnerUnavailableError(TransportError, ConnectionError):
+    """The learner could not be reached within ``give_up_after_s`` seconds."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Handshake:
+    """What the learner announced."""
+
+    server_id: str
+    protocol_version: int
+    unroll_spec: Dict[str, ArraySpec]
+    unroll_length: int
+    frame_stack: Dict[str, int]
+    parameter_version: int
+    max_message_bytes: int
+    run_config: str
+
+    def run_config_dict(self) -> Dict[str, Any]:
+        """``run_config`` parsed from JSON."""
+        return json.loads(self.run_config) if self.run_config else {}
+
+
+def _read_pem(value: Union[None, bytes, str]) -> Optional[bytes]:
+    if value is None or isinstance(value, bytes):
+        return value
+    with open(value, "rb") as f:
+        return f.read()
+
+
+class LearnerClient:
+    """Client of ``impala_rep.transport.Learner`` (see module docstring).
+
+    Args:
+      address: ``host:port`` of the learner.
+      token: the learner's shared token, sent as metadata ``x-impala-token``.
+      root_certificates: PEM bytes, or a path to a PEM file, of the certificate(s) to trust;
+        given, the channel uses TLS.
+      actor_id: a name for this actor in the learner's metrics.
+      outbox_size: encoded unrolls waiting for the sender thread (bound; ``send`` blocks when full).
+      validate: check keys, dtypes, shapes and size against the handshake before sending
+        (the learner validates everything anyway; this fails early, with a ``ValueError``).
+      backoff_initial_s, backoff_max_s: exponential backoff with jitter between reconnects.
+      give_up_after_s: raise :class:`LearnerUnavailableError` after this long without the
+        learner (``None``: retry forever).
+      ssl_target_name: the name the server certificate is checked against, when it differs
+        from the host in ``address``.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        token: Optional[str] = None,
+        root_certificates: Union[None, bytes, str] = None,
+        *,
+        actor_id: str = "actor",
+        outbox_size: int = 4,
+        validate: bool = True,
+        backoff_initial_s: float = 0.1,
+        backoff_max_s: float = 10.0,
+        give_up_after_s: Optional[float] = 300.0,
+        ssl_target_name: Optional[str] = None,
+        call_timeout_s: float = 30.0,
+    ):
+        if int(outbox_size) < 1:
+            raise ValueError(f"outbox_size must be at least 1, got {outbox_size}.")
+        if backoff_initial_s <= 0 or backoff_max_s < backoff_initial_s:
+            raise ValueError("backoff needs 0 < backoff_initial_s <= backoff_max_s.")
+        self.address = address
+        self.actor_id = str(actor_id)
+        self._metadata = ((TOKEN_METADATA_KEY, token),) if token is not None else ()
+        self._validate = bool(validate)
+        self._backoff = (float(backoff_initial_s), float(backoff_max_s))
+        self._give_up = give_up_after_s
+        self._call_timeout = float(call_timeout_s)
+        options = [
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.initial_reconnect_backoff_ms", int(backoff_initial_s * 1000)),
+            ("grpc.min_reconnect_backoff_ms", int(backoff_initial_s * 1000)),
+            ("grpc.max_reconnect_backoff_ms", int(backoff_max_s * 1000)),
+        ]
+        certs = _read_pem(root_certificates)
+        if certs is not None:
+            if ssl_target_name:
+                options.append(("grpc.ssl_target_name_override", ssl_target_name))
+            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=certs), options)
+        else:
+            self._channel = grpc.insecure_channel(address, options)
+        self._handshake_call = self._channel.unary_unary(
+            _SERVICE + "Handshake",
+            request_serializer=transport_pb2.HandshakeRequest.SerializeToString,
+            response_deserializer=transport_pb2.HandshakeResponse.FromString,
+        )
+        self._params_call = self._channel.unary_unary(
+            _SERVICE + "GetParameters",
+            request_serializer=transport_pb2.GetParametersRequest.SerializeToString,
+            response_deserializer=transport_pb2.GetParametersResponse.FromString,
+        )
+        self._stream_call = self._channel.stream_unary(
+            _SERVICE + "StreamUnrolls",
+            request_serializer=lambda b: b,  # unrolls are serialized by send()
+            response_deserializer=transport_pb2.StreamSummary.FromString,
+        )
+        self._outbox: "queue.Queue[bytes]" = queue.Queue(maxsize=int(outbox_size))
+        self._pending: Optional[bytes] = None  # taken from the outbox, not yet handed to gRPC
+        self._handshake: Optional[Handshake] = None
+        self._have_version = 0
+        self._fatal: Optional[BaseException] = None
+        self._closing = threading.Event()
+        self._sender: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self.unrolls_sent = 0  # handed to gRPC
+        self.reconnects = 0
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def handshake_info(self) -> Optional[Handshake]:
+        return self._handshake
+
+    def connect(self) -> Handshake:
+        """Handshakes (retrying while the learner is away) and starts the sender thread."""
+        self._raise_fatal()
+        hs = self._do_handshake()
+        with self._lock:
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._sender_loop, name=f"{self.actor_id}-sender", daemon=True)
+                self._sender.start()
+        return hs
+
+    def send(
+        self,
+        unroll: Mapping[str, np.ndarray],
+        policy_version: int,
+        episode_returns: Sequence[float] = (),
+        episode_lengths: Sequence[int] = (),
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Encodes one unroll and queues it for the sender thread.
+
+        Blocks while the outbox is full (the learner is slow or away); raises ``TimeoutError``
+        after ``timeout`` seconds, ``ValueError`` for an unroll that does not match the
+        handshake (with ``validate``), and the sender's fatal error if there was one.
+        """
+        self._raise_fatal()
+        if self._sender is None:
+            self.connect()
+        payload = self.encode_unroll(unroll, policy_version, episode_returns, episode_lengths)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                self._outbox.put(payload, timeout=0.1)
+                return
+            except queue.Full:
+                self._raise_fatal()
+                if self._closing.is_set():
+                    raise TransportError("the client is closed; create a new LearnerClient.") from None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"the outbox stayed full for {timeout} s; the learner is not taking unrolls."
+                    ) from None
+
+    def encode_unroll(
+        self,
+        unroll: Mapping[str, np.ndarray],
+        policy_version: int,
+        episode_returns: Sequence[float] = (),
+        episode_lengths: Sequence[int] = (),
+    ) -> bytes:
+        """The serialized ``Unroll`` message ``send`` would queue."""
+        if self._validate:
+            hs = self._handshake or self._do_handshake()
+            self._check_unroll(hs, unroll)
+        msg = transport_pb2.Unroll(actor_id=self.actor_id, policy_version=int(policy_version))
+        msg.episode_returns[:] = [float(r) for r in episode_returns]
+        msg.episode_lengths[:] = [int(n) for n in episode_lengths]
+        for name, value in unroll.items():
+            encode_tensor(name, value, out=msg.tensors.add())
+        payload = msg.SerializeToString()
+        if self._validate and len(payload) > self._handshake.max_message_bytes:
+            raise ValueError(
+                f"the unroll encodes to {len(payload)} bytes, more than the learner's limit of "
+                f"{self._handshake.max_message_bytes} bytes."
+            )
+        return payload
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Waits until every queued unroll has been handed to gRPC; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._outbox.qsize() or self._pending is not None:
+            self._raise_fatal()
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        self._raise_fatal()
+        return True
+
+    def get_parameters(self) -> Optional[Tuple[int, Dict[str, np.ndarray]]]:
+        """(version, {name: array}) when the learner has newer parameters, else None.
+
+        Retries with backoff while the learner is away.
+        """
+        self._raise_fatal()
+        request = transport_pb2.GetParametersRequest(have_version=self._have_version)
+        reply = self._retry(lambda: self._params_call(request, metadata=self._metadata, timeout=self._call_timeout))
+        if reply.up_to_date or not reply.tensors:
+            return None
+        params = decode_tensors(reply.tensors)
+        self._have_version = int(reply.version)
+        return self._have_version, params
+
+    def close(self, drain: bool = True, timeout: float = 10.0) -> None:
+        """Ends the stream (after sending what is queued when ``drain``) and the channel."""
+        if drain and self._sender is not None and self._fatal is None:
+            self.flush(timeout)
+        self._closing.set()
+        if self._sender is not None:
+            self._sender.join(timeout)
+        self._channel.close()
+
+    def __enter__(self) -> "LearnerClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(drain=exc[0] is None)
+
+    # ------------------------------------------------------------------ internals
+
+    def _raise_fatal(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _check_unroll(self, hs: Handshake, unroll: Mapping[str, np.ndarray]) -> None:
+        missing = sorted(set(hs.unroll_spec) - set(unroll))
+        extra = sorted(set(unroll) - set(hs.unroll_spec))
+        if missing or extra:
+            raise ValueError(f"the unroll does not match the learner's spec: missing {missing}, unexpected {extra}.")
+        for name, spec in hs.unroll_spec.items():
+            arr = unroll[name]
+            dtype = getattr(arr, "dtype", None)
+            if dtype is None or np.dtype(dtype).name != spec.dtype:
+                raise ValueError(f"tensor {name!r} has dtype {getattr(dtype, 'name', type(arr).__name__)}; expected {spec.dtype}.")
+            if tuple(np.shape(arr)) != spec.shape:
+                raise ValueError(f"tensor {name!r} has shape {list(np.shape(arr))}; expected {list(spec.shape)}.")
+
+    def _sleep_backoff(self, attempt: int, since: float, what: str, error: grpc.RpcError) -> None:
+        if self._give_up is not None and time.monotonic() - since > self._give_up:
+            raise LearnerUnavailableError(
+                f"the learner at {self.address} has been unreachable for {self._give_up:.0f} s "
+                f"({what}: {error.code().name}: {error.details()}); is it running?"
+            )
+        initial, maximum = self._backoff
+        delay = min(maximum, initial * (2 ** min(attempt, 30)))
+        delay = delay / 2 + random.uniform(0, delay / 2)  # jitter
+        if self._closing.wait(delay):
+            raise TransportError("the client was closed while waiting for the learner.")
+
+    def _classify(self, e: grpc.RpcError) -> Optional[BaseException]:
+        code = e.code()
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            return InvalidUnrollError(f"the learner rejected an unroll: {e.details()}")
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return AuthenticationError(f"the learner refused this client: {e.details()}")
+        if code in _RETRYABLE:
+            return None
+        return TransportError(f"the learner answered {code.name}: {e.details()}")
+
+    def _retry(self, fn: Callable[[], R], what: str = "call") -> R:
+        attempt, since = 0, time.monotonic()
+        while True:
+            try:
+                return fn()
+            except grpc.RpcError as e:
+                fatal = self._classify(e)
+                if fatal is not None:
+                    raise fatal from None
+                self._sleep_backoff(attempt, since, what, e)
+                attempt += 1
+
+    def _do_handshake(self) -> Handshake:
+        request = transport_pb2.HandshakeRequest(actor_id=self.actor_id)
+        reply = self._retry(
+            lambda: self._handshake_call(request, metadata=self._metadata, timeout=self._call_timeout), "handshake"
+        )
+        hs = Handshake(
+            server_id=reply.server_id,
+            protocol_version=int(reply.protocol_version),
+            unroll_spec={s.name: spec_from_proto(s) for s in reply.unroll_spec},
+            unroll_length=int(reply.unroll_length),
+            frame_stack={str(k): int(v) for k, v in reply.frame_stack.items()},
+            parameter_version=int(reply.parameter_version),
+            max_message_bytes=int(reply.max_message_bytes),
+            run_config=reply.run_config,
+        )
+        old = self._handshake
+        if old is not None and (old.unroll_spec != hs.unroll_spec or old.unroll_length != hs.unroll_length
+                                or old.frame_stack != hs.frame_stack):
+            raise TransportError(
+                "the learner came back with a different unroll spec; restart this actor so it "
+                "builds its envs and network from the new handshake."
+            )
+        if old is not None and old.server_id != hs.server_id:
+            _log.info("the learner at %s restarted (new server id); resuming.", self.address)
+            if hs.parameter_version < self._have_version:
+                self._have_version = 0  # a restarted learner may count versions from scratch
+        self._handshake = hs
+        return hs
+
+    def _requests(self, done: threading.Event):
+        """Yields queued unrolls into the current stream until it ends or the client closes."""
+        while True:
+            if self._pending is None:
+                try:
+                    self._pending = self._outbox.get(timeout=0.05)
+                except queue.Empty:
+                    if self._closing.is_set() or done.is_set():
+                        return
+                    continue
+            if done.is_set():
+                return  # keep _pending for the next stream
+            item, self._pending = self._pending, None
+            self.unrolls_sent += 1
+            yield item
+
+    def _sender_loop(self) -> None:
+        attempt, since = 0, time.monotonic()
+        need_handshake = False
+        while not self._closing.is_set():
+            done = threading.Event()
+            sent_before = self.unrolls_sent
+            try:
+                if need_handshake:
+                    self._do_handshake()
+                    need_handshake = False
+                call = self._stream_call.future(self._requests(done), metadata=self._metadata)
+                call.add_done_callback(lambda _: done.set())
+                call.result()
+                attempt, since = 0, time.monotonic()
+            except grpc.RpcError as e:
+                done.set()
+                fatal = self._classify(e)
+                if fatal is not None:
+                    self._fatal = fatal
+                    return
+                if self.unrolls_sent > sent_before:
+                    attempt, since = 0, time.monotonic()
+                if self._closing.is_set():
+                    return
+                self.reconnects += 1
+                need_handshake = True
+                try:
+                    self._sleep_backoff(attempt, since, "unroll stream", e)
+                except TransportError as err:
+                    if not self._closing.is_set():
+                        self._fatal = err
+                    return
+                attempt += 1
+            except TransportError as err:  # handshake found a fatal problem
+                self._fatal = err
+                return
+            except Exception as err:  # noqa: BLE001 - surface anything unexpected to the caller
+                self._fatal = TransportError(f"the sender thread failed: {err!r}")
+                return

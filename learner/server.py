@@ -1,0 +1,397 @@
+"""The learner's gRPC service: handshake, validated unroll streams, parameters (TensorFlow-free).
+
+Service ``impala_rep.transport.Learner`` (``impala_rep/proto/transport.proto``):
+
+* ``Handshake``: the unroll spec, unroll length, frame stacking, ``max_message_bytes``, the
+  current parameter version and the launcher's ``run_config`` JSON.
+* ``StreamUnrolls`` (client stream): every unroll is validated (:mod:`learner.validation`)
+  before it enters the bounded :class:`learner.queue.UnrollQueue`; an invalid one ends that
+  call with ``INVALID_ARGUMENT`` and a sentence, is counted per reason, and touches nothing
+  else. A full queue blocks the handler, which stops reading the stream: gRPC flow control
+  then slows that actor.
+* ``GetParameters``: the newest parameters from :class:`learner.params.ParameterStore`
+  (serialised once per version), or only the version when the caller has it.
+
+Security: binds ``127.0.0.1`` unless another host is asked for; an optional shared token
+is required in the metadata ``x-impala-token`` of every call (missing or wrong:
+``UNAUTHENTICATED``); optional TLS from PEM certificate and key files.
+
+Usage (inside the learner process)::
+
+    spec = unroll_spec(env_spec, T, frame_stack={"pixels": 3}, policy_action=policy.action_spec)
+    q, store = UnrollQueue(capacity=64), ParameterStore()
+    store.publish(net.get_params())
+    server = LearnerServer(spec, T, q, store, frame_stack={"pixels": 3}, run_config=cfg_json)
+    server.start()                                   # server.address -> "127.0.0.1:PORT"
+    batcher = Batcher(q, spec, batch_size=32, frame_stack={"pixels": 3})
+    while training:
+        batch = batcher.next_batch(timeout=600)
+        learner.train(batch.tensors); store.publish(net.get_params())
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Dict, Mapping, Optional, Union
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from impala_rep.proto import transport_pb2
+from impala_rep.specs import ArraySpec
+from impala_rep.wire import spec_to_proto
+from learner.params import ParameterStore
+from learner.queue import QueueClosed, UnrollQueue
+from learner.validation import REJECT_REASONS, UnrollRejected, UnrollValidator
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "SERVICE_NAME",
+    "TOKEN_METADATA_KEY",
+    "LearnerServer",
+    "TransportMetrics",
+]
+
+PROTOCOL_VERSION = 1
+SERVICE_NAME = "impala_rep.transport.Learner"
+TOKEN_METADATA_KEY = "x-impala-token"
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+_log = logging.getLogger(__name__)
+
+
+class TransportMetrics:
+    """Thread-safe counters of the service; :meth:`snapshot` returns a flat dict."""
+
+    def __init__(self, unroll_length: int, rate_window_s: float = 10.0):
+        self._lock = threading.Lock()
+        self._unroll_length = int(unroll_length)
+        self._window = float(rate_window_s)
+        self._recent: collections.deque = collections.deque()  # (time, frames, bytes)
+        self.unrolls_accepted = 0
+        self.frames_accepted = 0
+        self.bytes_accepted = 0
+        self.rejected: Dict[str, int] = {r: 0 for r in REJECT_REASONS + ("unauthenticated",)}
+        self.streams_opened = 0
+        self.streams_refused = 0
+        self.parameter_requests = 0
+        self.parameters_sent = 0
+
+    def accept(self, nbytes: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.unrolls_accepted += 1
+            self.frames_accepted += self._unroll_length
+            self.bytes_accepted += nbytes
+            self._recent.append((now, self._unroll_length, nbytes))
+            while self._recent and self._recent[0][0] < now - self._window:
+                self._recent.popleft()
+
+    def reject(self, reason: str) -> None:
+        with self._lock:
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def snapshot(self) -> Dict[str, float]:
+        """Counters plus frames/s and MB/s over the last ``rate_window_s`` seconds.
+
+        A frame is one env step: each accepted unroll adds T frames (its T+1 steps overlap
+        the next unroll by one).
+        """
+        now = time.monotonic()
+        with self._lock:
+            while self._recent and self._recent[0][0] < now - self._window:
+                self._recent.popleft()
+            span = (now - self._recent[0][0]) if len(self._recent) > 1 else 0.0
+            frames = sum(f for _, f, _ in self._recent)
+            nbytes = sum(b for _, _, b in self._recent)
+            out: Dict[str, float] = {
+                "unrolls_accepted": self.unrolls_accepted,
+                "frames_accepted": self.frames_accepted,
+                "bytes_accepted": self.bytes_accepted,
+                "unrolls_rejected": sum(self.rejected.values()),
+                "streams_opened": self.streams_opened,
+                "streams_refused": self.streams_refused,
+                "parameter_requests": self.parameter_requests,
+                "parameters_sent": self.parameters_sent,
+                "frames_per_second": frames / span if span > 0 else 0.0,
+                "megabytes_per_second": nbytes / span / 1e6 if span > 0 else 0.0,
+            }
+            for reason, n in self.rejected.items():
+                out[f"rejected/{reason}"] = n
+        return out
+
+
+def _identity(x):
+    return x
+
+
+class LearnerServer:
+    """gRPC server for actors (see module docstring).
+
+    Args:
+      unroll_spec: key -> ArraySpec from ``impala_rep.specs.unroll_spec``.
+      unroll_length: T.
+      unroll_queue: where validated unrolls go (its capacity is the queue bound).
+      params: the parameter store served by ``GetParameters``.
+      frame_stack: observation key -> K, announced to actors (must match the spec).
+      run_config: a JSON string (or a JSON-serialisable mapping) handed to actors verbatim.
+      host: interface to bind; ``127.0.0.1`` by default. Anything else is only used when
+        asked for explicitly (e.g. ``0.0.0.0`` for remote actors; use a token and TLS then).
+      port: 0 picks a free port (read :attr:`port` after :meth:`start`).
+      token: shared secret every call must carry in metadata ``x-impala-token``.
+      tls_cert_file, tls_key_file: PEM files; both or neither. With them the port speaks TLS.
+      max_message_bytes: largest accepted ``Unroll`` (default: 2x the spec's bytes + 64 KiB).
+        gRPC itself refuses messages above twice this size (RESOURCE_EXHAUSTED) before they
+        are read into memory; between the two limits the validator answers INVALID_ARGUMENT.
+      max_streams: concurrent unroll streams served; more are refused with RESOURCE_EXHAUSTED
+        (clients back off and retry). The thread pool has ``max_streams + 8`` threads so
+        handshakes and parameter fetches are never starved by streams.
+    """
+
+    def __init__(
+        self,
+        unroll_spec: Mapping[str, ArraySpec],
+        unroll_length: int,
+        unroll_queue: UnrollQueue,
+        params: ParameterStore,
+        *,
+        frame_stack: Optional[Mapping[str, int]] = None,
+        run_config: Union[str, Mapping[str, Any]] = "{}",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: Optional[str] = None,
+        tls_cert_file: Optional[str] = None,
+        tls_key_file: Optional[str] = None,
+        max_message_bytes: Optional[int] = None,
+        max_streams: int = 64,
+    ):
+        self.validator = UnrollValidator(unroll_spec, unroll_length, max_message_bytes)
+        self.unroll_spec = self.validator.unroll_spec
+        self.unroll_length = self.validator.unroll_length
+        self.frame_stack = {str(k): int(v) for k, v in (frame_stack or {}).items()}
+        for key, k in self.frame_stack.items():
+            if k > 1 and f"frame_prefix/{key}" not in self.unroll_spec:
+                raise ValueError(
+                    f"frame_stack stacks {key!r} with K={k} but the unroll spec has no "
+                    f"'frame_prefix/{key}'; build the spec with the same frame_stack."
+                )
+        if not isinstance(run_config, str):
+            run_config = json.dumps(run_config, sort_keys=True)
+        try:
+            json.loads(run_config)
+        except ValueError as e:
+            raise ValueError(f"run_config must be a JSON string; parsing it failed: {e}.") from None
+        self.run_config = run_config
+        self.queue = unroll_queue
+        self.params = params
+        self.host = host
+        self._requested_port = int(port)
+        if token is not None and not token:
+            raise ValueError("token is empty; pass None for no token or a non-empty secret.")
+        self._token = token.encode() if token is not None else None
+        if (tls_cert_file is None) != (tls_key_file is None):
+            raise ValueError("TLS needs both tls_cert_file and tls_key_file (PEM), or neither.")
+        self._tls = (tls_cert_file, tls_key_file) if tls_cert_file else None
+        if int(max_streams) < 1:
+            raise ValueError(f"max_streams must be at least 1, got {max_streams}.")
+        self.max_streams = int(max_streams)
+        self.server_id = uuid.uuid4().hex
+        self.metrics = TransportMetrics(self.unroll_length)
+        self._streams = 0
+        self._streams_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server: Optional[grpc.Server] = None
+        self.port: Optional[int] = None
+        self._handshake = self._build_handshake_template()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def address(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the server is not started; call start() first.")
+        host = self.host if self.host not in ("0.0.0.0", "::", "[::]") else "127.0.0.1"
+        return f"{host}:{self.port}"
+
+    def start(self) -> int:
+        """Binds and starts serving; returns the port."""
+        if self._server is not None:
+            raise RuntimeError("the server is already started.")
+        if self.host not in _LOOPBACK and self._token is None:
+            _log.warning("serving on %s without a token: anyone who reaches the port can send unrolls.", self.host)
+        workers = self.max_streams + 8
+        options = [
+            ("grpc.max_receive_message_length", 2 * self.validator.max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="learner-grpc"),
+            options=options,
+            maximum_concurrent_rpcs=workers,
+        )
+        handlers = {
+            "Handshake": grpc.unary_unary_rpc_method_handler(
+                self._handle_handshake,
+                request_deserializer=transport_pb2.HandshakeRequest.FromString,
+                response_serializer=transport_pb2.HandshakeResponse.SerializeToString,
+            ),
+            # Raw bytes in: the handler parses them itself, so that undecodable messages
+            # and their size are answered with INVALID_ARGUMENT and counted.
+            "StreamUnrolls": grpc.stream_unary_rpc_method_handler(
+                self._handle_stream,
+                request_deserializer=_identity,
+                response_serializer=transport_pb2.StreamSummary.SerializeToString,
+            ),
+            # Pre-serialized bytes out: each parameter version is serialized once.
+            "GetParameters": grpc.unary_unary_rpc_method_handler(
+                self._handle_get_parameters,
+                request_deserializer=transport_pb2.GetParametersRequest.FromString,
+                response_serializer=_identity,
+            ),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+        target = f"{self.host}:{self._requested_port}"
+        if self._tls is not None:
+            with open(self._tls[0], "rb") as f:
+                cert = f.read()
+            with open(self._tls[1], "rb") as f:
+                key = f.read()
+            port = server.add_secure_port(target, grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            port = server.add_insecure_port(target)
+        if port == 0:
+            raise OSError(f"could not bind {target}; is the port in use or the host not an interface here?")
+        self._stopping.clear()
+        server.start()
+        self._server, self.port = server, port
+        return port
+
+    def stop(self, grace: Optional[float] = 1.0) -> None:
+        """Stops serving; blocked stream handlers return, in-flight calls get ``grace`` seconds."""
+        self._stopping.set()
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+
+    def __enter__(self) -> "LearnerServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ handlers
+
+    def _build_handshake_template(self) -> transport_pb2.HandshakeResponse:
+        msg = transport_pb2.HandshakeResponse(
+            protocol_version=PROTOCOL_VERSION,
+            server_id=self.server_id,
+            unroll_length=self.unroll_length,
+            max_message_bytes=self.validator.max_message_bytes,
+            run_config=self.run_config,
+        )
+        for spec in self.unroll_spec.values():
+            spec_to_proto(spec, out=msg.unroll_spec.add())
+        for key, k in self.frame_stack.items():
+            msg.frame_stack[key] = k
+        return msg
+
+    def _check_token(self, context: grpc.ServicerContext) -> None:
+        if self._token is None:
+            return
+        got = None
+        for key, value in context.invocation_metadata():
+            if key == TOKEN_METADATA_KEY:
+                got = value.encode() if isinstance(value, str) else value
+        if got is None or not hmac.compare_digest(got, self._token):
+            self.metrics.reject("unauthenticated")
+            what = "no token" if got is None else "a wrong token"
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"the call carries {what}; pass the learner's shared token "
+                f"(metadata {TOKEN_METADATA_KEY}, LearnerClient(token=...)).",
+            )
+
+    def _handle_handshake(self, request, context):
+        self._check_token(context)
+        msg = transport_pb2.HandshakeResponse()
+        msg.CopyFrom(self._handshake)
+        msg.parameter_version = self.params.version
+        return msg
+
+    def _handle_get_parameters(self, request, context):
+        self._check_token(context)
+        self.metrics.count("parameter_requests")
+        payload = self.params.response_bytes(request.have_version)
+        if request.have_version < self.params.version:
+            self.metrics.count("parameters_sent")
+        return payload
+
+    def _handle_stream(self, request_iterator, context):
+        self._check_token(context)
+        with self._streams_lock:
+            if self._streams >= self.max_streams:
+                refused = True
+            else:
+                refused = False
+                self._streams += 1
+        if refused:
+            self.metrics.count("streams_refused")
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the learner serves at most {self.max_streams} unroll streams at once; retry later "
+                "or start the learner with a larger max_streams.",
+            )
+        self.metrics.count("streams_opened")
+        accepted = 0
+        cancelled = lambda: self._stopping.is_set() or not context.is_active()  # noqa: E731
+        try:
+            for raw in request_iterator:
+                nbytes = len(raw)
+                try:
+                    self.validator.check_size(nbytes)
+                    try:
+                        msg = transport_pb2.Unroll.FromString(raw)
+                    except DecodeError:
+                        raise UnrollRejected(
+                            "undecodable", "the message is not a valid Unroll protobuf; send transport_pb2.Unroll bytes."
+                        ) from None
+                    del raw
+                    item = self.validator.validate(msg, nbytes)
+                except UnrollRejected as e:
+                    self.metrics.reject(e.reason)
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unroll rejected: {e}")
+                del msg
+                try:
+                    if not self.queue.put(item, cancelled=cancelled):
+                        context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")
+                except QueueClosed:
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")
+                self.metrics.accept(nbytes)
+                accepted += 1
+        finally:
+            with self._streams_lock:
+                self._streams -= 1
+        return transport_pb2.StreamSummary(unrolls_accepted=accepted)
+
+    def snapshot_metrics(self) -> Dict[str, float]:
+        """Transport metrics plus queue fill (``queue_size``, ``queue_fill``, ``queue_capacity``)."""
+        out = self.metrics.snapshot()
+        out["queue_size"] = len(self.queue)
+        out["queue_capacity"] = self.queue.capacity
+        out["queue_fill"] = self.queue.fill
+        out["queue_producer_wait_s"] = self.queue.producer_wait_s
+        out["parameter_version"] = self.params.version
+        return out
