@@ -1,0 +1,254 @@
+"""Bounded queue, batcher, frame-stack reconstruction, parameter store, policy lag."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from impala_rep.framestack import FrameStacker, rebuild_stack
+from impala_rep.proto import transport_pb2
+from impala_rep.specs import STEP_FIRST, STEP_LAST, STEP_MID, ArraySpec, EnvSpec, unroll_spec
+from learner.batcher import Batcher, batch_unrolls, policy_lag, rebuild_stack_batch
+from learner.params import ParameterStore
+from learner.queue import QueueClosed, UnrollQueue
+from learner.validation import ValidUnroll
+
+from test_transport_helpers import T, make_unroll, small_spec
+
+
+def _valid(tensors, version=0, returns=(), lengths=()):
+    return ValidUnroll(
+        tensors=tensors,
+        policy_version=version,
+        actor_id="a",
+        episode_returns=np.asarray(returns, np.float64),
+        episode_lengths=np.asarray(lengths, np.int64),
+        nbytes=0,
+    )
+
+
+# ---------------------------------------------------------------- queue
+
+
+def test_queue_put_blocks_when_full_and_resumes_when_drained():
+    q = UnrollQueue(2)
+    assert q.put(1) and q.put(2)
+    t0 = time.monotonic()
+    assert q.put(3, timeout=0.2) is False  # full: times out, item not queued
+    assert time.monotonic() - t0 >= 0.19
+    assert len(q) == 2 and q.fill == 1.0
+    done = []
+    th = threading.Thread(target=lambda: done.append(q.put(3, timeout=5)))
+    th.start()
+    time.sleep(0.1)
+    assert not done  # still blocked
+    assert q.get() == 1
+    th.join(5)
+    assert done == [True] and q.get_many(2) == [2, 3]
+    assert q.max_size_seen == 2 and q.producer_wait_s > 0
+
+
+def test_queue_cancel_close_and_argument_checks():
+    q = UnrollQueue(1)
+    q.put("a")
+    assert q.put("b", cancelled=lambda: True) is False
+    with pytest.raises(TimeoutError):
+        UnrollQueue(1).get(timeout=0.05)
+    with pytest.raises(ValueError, match="capacity"):
+        UnrollQueue(0)
+    with pytest.raises(ValueError, match="n <= capacity"):
+        q.get_many(2)
+    waiter_error = []
+
+    def wait_put():
+        try:
+            q.put("c")
+        except QueueClosed as e:
+            waiter_error.append(e)
+
+    th = threading.Thread(target=wait_put)
+    th.start()
+    time.sleep(0.05)
+    q.close()
+    th.join(5)
+    assert waiter_error, "close() must wake a blocked producer with QueueClosed"
+
+
+def test_queue_bound_holds_under_a_thread_flood():
+    q = UnrollQueue(5)
+    stop = threading.Event()
+    seen = []
+
+    def producer(i):
+        while not stop.is_set():
+            q.put(i, timeout=0.05)
+
+    threads = [threading.Thread(target=producer, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + 1.0
+    got = 0
+    while time.monotonic() < deadline:
+        seen.append(len(q))
+        if got < 50:
+            q.get(timeout=1)
+            got += 1
+        time.sleep(0.001)
+    stop.set()
+    for th in threads:
+        th.join(5)
+    assert max(seen) <= 5 and q.max_size_seen == 5
+
+
+# ---------------------------------------------------------------- batcher
+
+
+def test_batch_layout_is_time_major_with_stacked_frames():
+    spec = small_spec()
+    rng = np.random.default_rng(0)
+    unrolls = [make_unroll(spec, rng, tag=float(i)) for i in range(3)]
+    batch = batch_unrolls(
+        [_valid(u, version=i, returns=[float(i)] * i, lengths=[5] * i) for i, u in enumerate(unrolls)],
+        spec,
+        {"pixels": 3},
+    )
+    t = batch.tensors
+    assert set(t) == {
+        "observation/pixels", "observation/position", "step_type", "reward", "discount",
+        "action", "behaviour_log_prob", "policy_version",
+    }
+    assert t["observation/pixels"].shape == (T + 1, 3, 8, 8, 9) and t["observation/pixels"].dtype == np.uint8
+    assert t["observation/position"].shape == (T + 1, 3, 2)
+    for key in ("step_type", "reward", "discount", "action", "behaviour_log_prob"):
+        assert t[key].shape == (T + 1, 3) and t[key].dtype == np.dtype(spec[key].dtype)
+    for i, u in enumerate(unrolls):
+        np.testing.assert_array_equal(t["reward"][:, i], u["reward"])
+        np.testing.assert_array_equal(t["action"][:, i], u["action"])
+        np.testing.assert_array_equal(t["observation/position"][:, i], u["observation/position"])
+        # all MID steps: the stack at t is frames t-2, t-1, t (prefix first)
+        seq = np.concatenate([u["frame_prefix/pixels"], u["observation/pixels"]])
+        np.testing.assert_array_equal(
+            t["observation/pixels"][:, i], np.concatenate([seq[0:-2], seq[1:-1], seq[2:]], axis=-1)
+        )
+    np.testing.assert_array_equal(t["policy_version"], [0, 1, 2])
+    assert t["policy_version"].dtype == np.int64
+    np.testing.assert_array_equal(batch.episode_returns, [1.0, 2.0, 2.0])
+    np.testing.assert_array_equal(batch.episode_lengths, [5, 5, 5])
+    assert batch.batch_size == 3
+
+
+def test_core_state_is_batched_along_the_first_axis():
+    env = EnvSpec({"obs": ArraySpec("obs", (3,), "float32")}, ArraySpec("action", (), "int32", num_values=2))
+    spec = unroll_spec(env, 2, core_state={"h": ArraySpec("h", (4,), "float32")})
+    rng = np.random.default_rng(1)
+    us = [make_unroll(spec, rng) for _ in range(2)]
+    batch = batch_unrolls([_valid(u) for u in us], spec)
+    assert batch.tensors["core_state/h"].shape == (2, 4)
+    np.testing.assert_array_equal(batch.tensors["core_state/h"][1], us[1]["core_state/h"])
+
+
+def test_fast_rebuild_equals_framestack_rebuild_stack():
+    rng = np.random.default_rng(2)
+    for _ in range(60):
+        steps, b, k, c = rng.integers(1, 9), rng.integers(1, 5), rng.integers(1, 5), rng.integers(1, 4)
+        dtype = rng.choice([np.uint8, np.float32])
+        frames = rng.integers(0, 255, (steps, b, 3, 2, c)).astype(dtype)
+        prefix = rng.integers(0, 255, (k - 1, b, 3, 2, c)).astype(dtype)
+        step_type = rng.choice([STEP_FIRST, STEP_MID, STEP_LAST], (steps, b)).astype(np.uint8)
+        expected = rebuild_stack(frames, prefix, step_type)
+        got = rebuild_stack_batch(frames, prefix, step_type)
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_learner_stacks_equal_the_actor_stacks_across_episode_boundaries():
+    """Simulates an actor with FrameStacker over B envs with random episode ends, sends single
+    frames plus prefixes, and checks that the batcher's stacks equal the actor's."""
+    k, b, n_unrolls = 4, 3, 6
+    env = EnvSpec({"pixels": ArraySpec("pixels", (5, 5, 2), "uint8")}, ArraySpec("action", (), "int32", num_values=2))
+    spec = unroll_spec(env, T, frame_stack={"pixels": k})
+    rng = np.random.default_rng(3)
+    stacker = FrameStacker(k, batch_size=b)
+    steps = n_unrolls * T + 1
+    frames = rng.integers(0, 256, (steps, b, 5, 5, 2)).astype(np.uint8)
+    step_type = np.full((steps, b), STEP_MID, np.uint8)
+    step_type[0] = STEP_FIRST
+    for t in range(1, steps):
+        for e in range(b):
+            if step_type[t - 1, e] == STEP_LAST:
+                step_type[t, e] = STEP_FIRST
+            elif rng.uniform() < 0.2:
+                step_type[t, e] = STEP_LAST
+    stacked, history = [], []
+    for t in range(steps):
+        history.append(stacker.history() if t else np.repeat(frames[0][:, None], k - 1, axis=1))
+        stacked.append(stacker.push(frames[t], first=step_type[t] == STEP_FIRST))
+    unrolls = []
+    for i in range(n_unrolls):
+        for e in range(b):
+            lo = i * T
+            u = make_unroll(spec, rng)
+            u["observation/pixels"] = frames[lo:lo + T + 1, e]
+            u["frame_prefix/pixels"] = history[lo][e]
+            u["step_type"] = step_type[lo:lo + T + 1, e]
+            unrolls.append((i, e, _valid(u)))
+    batch = batch_unrolls([v for _, _, v in unrolls], spec, {"pixels": k})
+    obs = batch.tensors["observation/pixels"]
+    assert obs.shape == (T + 1, len(unrolls), 5, 5, 2 * k)
+    for j, (i, e, _) in enumerate(unrolls):
+        for t in range(T + 1):
+            np.testing.assert_array_equal(obs[t, j], stacked[i * T + t][e], err_msg=f"unroll {i} env {e} step {t}")
+
+
+def test_batcher_takes_batches_from_the_queue():
+    spec = small_spec()
+    q = UnrollQueue(8)
+    rng = np.random.default_rng(4)
+    for i in range(6):
+        q.put(_valid(make_unroll(spec, rng, tag=float(i)), version=i))
+    batcher = Batcher(q, spec, batch_size=4, frame_stack={"pixels": 3})
+    batch = batcher.next_batch(timeout=1)
+    np.testing.assert_array_equal(batch.tensors["policy_version"], [0, 1, 2, 3])
+    with pytest.raises(TimeoutError):
+        batcher.next_batch(timeout=0.1)
+    assert len(q) == 2  # a timed-out batch takes nothing
+    with pytest.raises(ValueError, match="batch_size"):
+        Batcher(q, spec, batch_size=9)
+    with pytest.raises(ValueError, match="frame_prefix"):
+        Batcher(q, small_spec(), batch_size=2, frame_stack={"position": 2})
+
+
+def test_policy_lag():
+    lag = policy_lag(np.array([3, 5, 7]), 7)
+    assert lag == {"policy_lag_mean": 2.0, "policy_lag_max": 4.0, "policy_lag_min": 0.0}
+    with pytest.raises(ValueError):
+        policy_lag([], 1)
+
+
+# ---------------------------------------------------------------- parameter store
+
+
+def test_parameter_store_versions_and_serialises_once():
+    store = ParameterStore()
+    empty = transport_pb2.GetParametersResponse.FromString(store.response_bytes(0))
+    assert empty.version == 0 and empty.up_to_date and not empty.tensors
+    params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}
+    assert store.publish(params) == 1
+    params["w"][0, 0] = 100.0  # the store keeps its own copy
+    first = store.response_bytes(0)
+    assert store.response_bytes(0) is first  # the same bytes object: serialised once per version
+    reply = transport_pb2.GetParametersResponse.FromString(first)
+    assert reply.version == 1 and not reply.up_to_date
+    assert {t.name for t in reply.tensors} == {"w", "b"}
+    up = transport_pb2.GetParametersResponse.FromString(store.response_bytes(1))
+    assert up.up_to_date and up.version == 1 and not up.tensors
+    version, got = store.get()
+    assert version == 1 and got["w"][0, 0] == 0.0 and not got["w"].flags.writeable
+    assert store.publish(params) == 2 and store.wait_for_version(2, timeout=0)
+    with pytest.raises(ValueError, match="grow"):
+        store.publish(params, version=2)
+    with pytest.raises(ValueError):
+        store.publish({})
