@@ -277,17 +277,13 @@ class Replicator:
                     f"divisible by the {n} replicas: use a batch size that is a multiple of {n} "
                     f"(e.g. {max(n, int(size) // n * n)}) or change num_replicas."
                 )
-        if n == 1:
-            # One replica: the whole batch, placed by the strategy.
-            return self.strategy.experimental_distribute_values_from_function(lambda ctx: batch)
-
         def shard(ctx):
             r = ctx.replica_id_in_sync_group
             num = ctx.num_replicas_in_sync
 
             def take(x):
                 x = tf.convert_to_tensor(x)
-                return tf.split(x, num, axis=axis)[r]
+                return x if num == 1 else tf.split(x, num, axis=axis)[r]
 
             return tf.nest.map_structure(take, batch)
 
@@ -322,7 +318,7 @@ class Replicator:
         """This replica's index along the ``"batch"`` axis (a scalar int32 tensor)."""
         import tensorflow as tf
 
-        ctx = _replica_context()
+        ctx = _replica_context(self.strategy)
         return tf.cast(ctx.replica_id_in_sync_group, tf.int32)
 
     def all_reduce(self, x: Any, op: str = "sum", axis_name: str = BATCH_AXIS) -> Any:
@@ -335,7 +331,7 @@ class Replicator:
 
         _check_axis(axis_name)
         op = _check_op(op)
-        ctx = _replica_context()
+        ctx = _replica_context(self.strategy)
         if op in ("sum", "mean"):
             return ctx.all_reduce(_reduce_op(op), x)
 
@@ -356,7 +352,7 @@ class Replicator:
         import tensorflow as tf
 
         _check_axis(axis_name)
-        ctx = _replica_context()
+        ctx = _replica_context(self.strategy)
 
         def one(t):
             t = tf.convert_to_tensor(t)
@@ -377,7 +373,7 @@ class Replicator:
         _check_axis(axis_name)
         if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < self.num_replicas:
             raise ValueError(f"broadcast source must be a replica index in [0, {self.num_replicas}), got {source!r}.")
-        ctx = _replica_context()
+        ctx = _replica_context(self.strategy)
         is_source = tf.equal(tf.cast(ctx.replica_id_in_sync_group, tf.int32), source)
 
         def one(t):
@@ -509,11 +505,11 @@ def _reduce_op(op: str, allowed: Sequence[str] = ("sum", "mean")):
     return tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
 
 
-def _replica_context():
+def _replica_context(strategy):
     import tensorflow as tf
 
     ctx = tf.distribute.get_replica_context()
-    if ctx is None:
+    if ctx is None or ctx.strategy is not strategy:
         raise RuntimeError(
             "replica collectives (all_reduce, all_gather, broadcast) must be called inside the "
             "step function passed to Replicator.run, not in cross-replica context."
@@ -575,7 +571,12 @@ def _make_cpu(num: int) -> Replicator:
     import tensorflow as tf
 
     names = configure_logical_cpus(num)
-    return Replicator(tf.distribute.MirroredStrategy(devices=names), "cpu")
+    # Reduce through one device rather than with collective ops: MirroredStrategy's in-process
+    # collectives key their groups per strategy instance, so two CPU replicators of different
+    # sizes in one process (tests, benchmarks) would collide ("joining a group with size 4,
+    # but that group has size 2").
+    cross_device_ops = tf.distribute.ReductionToOneDevice(reduce_to_device=names[0])
+    return Replicator(tf.distribute.MirroredStrategy(devices=names, cross_device_ops=cross_device_ops), "cpu")
 
 
 def _make_gpu(num: Optional[int], devices: Optional[Sequence[str]]) -> Replicator:
