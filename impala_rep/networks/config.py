@@ -12,7 +12,7 @@ Architecture (one step; observation keys in sorted order):
 * pixel keys (rank-3 ``[H, W, C]``) go through a CNN torso:
     - ``shallow`` (IMPALA's shallow net, after Mnih et al. 2015): conv 16 8x8 stride 4,
       ReLU, conv 32 4x4 stride 2, ReLU (both VALID padding), flatten, dense ``hidden_size``,
-      ReLU. Needs images of at least 36x36.
+      ReLU. Needs images of at least 20x20.
     - ``deep`` (IMPALA ResNet): 3 sections with 16/32/32 channels, each conv 3x3 (SAME) +
       max-pool 3x3 stride 2 (SAME) + 2 residual blocks (ReLU, conv 3x3, ReLU, conv 3x3, add);
       then ReLU, flatten, dense ``hidden_size``, ReLU.
@@ -184,7 +184,7 @@ def plan_network(config: NetworkConfig, obs_specs: Mapping[str, Any], policy: An
                     if h < k or w < k:
                         raise ValueError(
                             f"observation {key!r} of shape {list(shape)} is too small for the shallow "
-                            f"CNN (it needs at least 36x36 pixels); use torso='deep' or a larger image."
+                            f"CNN (it needs at least 20x20 pixels); use torso='deep' or a larger image."
                         )
                     conv(f"torso/{key}/conv_{i}", k, c, filters)
                     h, w, c = _valid_out(h, k, s), _valid_out(w, k, s), filters

@@ -1,0 +1,310 @@
+"""Agent networks: plan, output shapes, TF/NumPy parity, LSTM resets, gradients, strategies.
+
+Shape letters: T transitions per unroll (T+1 steps), B batch.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from impala_rep.losses import LossConfig, impala_loss
+from impala_rep.networks import NetworkConfig, NumpyNetwork, plan_network
+from impala_rep.networks.tf_backend import TFNetwork
+from impala_rep.distributions import make_policy
+from impala_rep.specs import ArraySpec
+
+PARITY_ATOL = 1e-4
+PIXELS = ArraySpec("pixels", (36, 40, 6), "uint8")
+VECTOR = ArraySpec("position", (5,), "float32")
+OBS = {"pixels": PIXELS, "position": VECTOR}
+ACTIONS = {
+    "categorical": ArraySpec("action", (), "int32", num_values=4),
+    "gaussian": ArraySpec("action", (2,), "float32", minimum=-1.0, maximum=1.0),
+    "discretised": ArraySpec("action", (2,), "float32", minimum=-1.0, maximum=1.0),
+}
+
+
+def small_config(torso="auto", lstm=None, kind="categorical", **kwargs):
+    return NetworkConfig(torso=torso, hidden_size=32, mlp_sizes=(16, 8), lstm_size=lstm, policy=kind, bins=5, **kwargs)
+
+
+def random_obs(obs_specs, lead, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, spec in obs_specs.items():
+        shape = tuple(lead) + spec.shape
+        if spec.dtype == "uint8":
+            out[key] = rng.integers(0, 256, size=shape, dtype=np.uint8)
+        else:
+            out[key] = rng.normal(size=shape).astype(spec.dtype)
+    return out
+
+
+def numpy_unroll(net, obs, first, state):
+    """Steps the NumPy network through [T+1, B] inputs; returns stacked outputs."""
+    params, values = [], []
+    for t in range(first.shape[0]):
+        p, v, state = net.step({k: x[t] for k, x in obs.items()}, state, first[t])
+        params.append(p)
+        values.append(v)
+    return {k: np.stack([p[k] for p in params]) for k in params[0]}, np.stack(values)
+
+
+# -- plan --
+
+
+def test_plan_of_the_published_architectures():
+    policy = make_policy(ACTIONS["categorical"], NetworkConfig())
+    frames = {"pixels": ArraySpec("pixels", (84, 84, 9), "uint8")}
+    shallow = plan_network(NetworkConfig(), frames, policy).param_shapes
+    assert shallow["torso/pixels/conv_0/kernel"] == (8, 8, 9, 16)
+    assert shallow["torso/pixels/conv_1/kernel"] == (4, 4, 16, 32)
+    assert shallow["torso/pixels/dense/kernel"] == (9 * 9 * 32, 256)
+    deep = plan_network(NetworkConfig(torso="deep", lstm_size=256), frames, policy).param_shapes
+    convs = [n for n in deep if n.endswith("kernel") and "conv" in n]
+    assert len(convs) == 3 * (1 + 2 * 2)
+    assert deep["torso/pixels/section_0/conv/kernel"] == (3, 3, 9, 16)
+    assert deep["torso/pixels/section_1/res_1/conv_0/kernel"] == (3, 3, 32, 32)
+    assert deep["torso/pixels/dense/kernel"] == (11 * 11 * 32, 256)  # 84 -> 42 -> 21 -> 11
+    assert deep["core/lstm/kernel"] == (256, 1024) and deep["core/lstm/recurrent_kernel"] == (256, 1024)
+    assert deep["policy/logits/kernel"] == (256, 4) and deep["value/kernel"] == (256, 1)
+
+
+def test_mlp_torso_flattens_every_key():
+    plan = plan_network(small_config(torso="mlp"), OBS, make_policy(ACTIONS["categorical"]))
+    assert [t.kind for t in plan.torsos] == ["mlp", "mlp"]
+    assert plan.param_shapes["torso/pixels/dense_0/kernel"] == (36 * 40 * 6, 16)
+    assert plan.core_input_size == 16
+
+
+def test_auto_torso_uses_cnn_for_pixels_and_mlp_for_vectors():
+    plan = plan_network(small_config(), OBS, make_policy(ACTIONS["categorical"]))
+    assert {t.key: t.kind for t in plan.torsos} == {"pixels": "shallow", "position": "mlp"}
+    assert plan.core_input_size == 32 + 8
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"torso": "resnet"}, ValueError),
+        ({"policy": "beta"}, ValueError),
+        ({"hidden_size": 0}, ValueError),
+        ({"mlp_sizes": ()}, ValueError),
+        ({"mlp_sizes": (16, -1)}, ValueError),
+        ({"mlp_sizes": 16}, TypeError),
+        ({"lstm_size": 0}, ValueError),
+        ({"bins": 1}, ValueError),
+    ],
+)
+def test_network_config_validation(kwargs, error):
+    with pytest.raises(error, match=list(kwargs)[0]):
+        NetworkConfig(**kwargs)
+
+
+def test_shallow_torso_rejects_small_images():
+    tiny = {"pixels": ArraySpec("pixels", (19, 24, 3), "uint8")}
+    with pytest.raises(ValueError, match="too small for the shallow CNN"):
+        NumpyNetwork(NetworkConfig(), tiny, ACTIONS["categorical"])
+    NumpyNetwork(NetworkConfig(torso="deep"), tiny, ACTIONS["categorical"])  # any size works
+
+
+# -- shapes and parity --
+
+
+@pytest.mark.parametrize("kind", sorted(ACTIONS))
+def test_output_shapes_for_every_action_kind(kind):
+    config = small_config(kind=kind, lstm=8)
+    net = TFNetwork(config, OBS, ACTIONS[kind])
+    T1, B = 3, 2
+    params, values = net.unroll(random_obs(OBS, (T1, B)), np.zeros((T1, B), bool), net.initial_state(B))
+    assert set(params) == set(net.policy.param_shapes)
+    for name, shape in net.policy.param_shapes.items():
+        assert tuple(params[name].shape) == (T1, B) + shape and params[name].dtype == tf.float32
+    assert tuple(values.shape) == (T1, B) and values.dtype == tf.float32
+    np_net = NumpyNetwork(config, OBS, ACTIONS[kind])
+    p, v, state = np_net.step(random_obs(OBS, (B,)), np_net.initial_state(B), np.ones(B, bool))
+    assert {n: x.shape for n, x in p.items()} == {n: (B,) + s for n, s in np_net.policy.param_shapes.items()}
+    assert v.shape == (B,) and v.dtype == np.float32
+    assert {n: x.shape for n, x in state.items()} == {"h": (B, 8), "c": (B, 8)}
+    action, log_prob = np_net.policy.sample_np(p, np.random.default_rng(0))
+    assert action.shape == (B,) + np_net.policy.action_spec.shape and log_prob.shape == (B,)
+
+
+@pytest.mark.parametrize("kind", sorted(ACTIONS))
+@pytest.mark.parametrize("lstm", [None, 8])
+@pytest.mark.parametrize("torso", ["shallow", "deep", "mlp"])
+def test_tf_numpy_parity(torso, lstm, kind):
+    config = small_config(torso=torso, lstm=lstm, kind=kind)
+    tf_net = TFNetwork(config, OBS, ACTIONS[kind])
+    np_net = NumpyNetwork(config, OBS, ACTIONS[kind], seed=1)
+    assert {k: v.shape for k, v in np_net.params.items()} == {k: v.shape for k, v in tf_net.get_params().items()}
+    np_net.set_params(tf_net.get_params())
+    T1, B = 4, 3
+    rng = np.random.default_rng(2)
+    obs = random_obs(OBS, (T1, B), seed=3)
+    first = rng.random((T1, B)) < 0.3
+    state = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in np_net.initial_state(B).items()}
+    tf_params, tf_values = tf_net.unroll(obs, first, state)
+    np_params, np_values = numpy_unroll(np_net, obs, first, state)
+    np.testing.assert_allclose(np_values, tf_values.numpy(), atol=PARITY_ATOL, rtol=0)
+    for name in tf_params:
+        np.testing.assert_allclose(np_params[name], tf_params[name].numpy(), atol=PARITY_ATOL, rtol=0)
+    assert np.abs(tf_values.numpy()).max() > 1e-3  # the comparison is not between zeros
+
+
+def test_uint8_inputs_are_scaled_by_255():
+    float_obs = {"pixels": ArraySpec("pixels", PIXELS.shape, "float32"), "position": VECTOR}
+    config = small_config(torso="deep")
+    net_u8 = TFNetwork(config, OBS, ACTIONS["categorical"])
+    net_f = TFNetwork(config, float_obs, ACTIONS["categorical"])
+    net_f.set_params(net_u8.get_params())
+    obs = random_obs(OBS, (2, 2))
+    scaled = dict(obs, pixels=obs["pixels"].astype(np.float32) / 255.0)
+    _, v_u8 = net_u8.unroll(obs, np.zeros((2, 2), bool), {})
+    _, v_f = net_f.unroll(scaled, np.zeros((2, 2), bool), {})
+    np.testing.assert_allclose(v_u8.numpy(), v_f.numpy(), atol=1e-5)
+    np_u8 = NumpyNetwork(config, OBS, ACTIONS["categorical"])
+    np_u8.set_params(net_u8.get_params())
+    _, v, _ = np_u8.step({k: x[0] for k, x in obs.items()}, {}, np.zeros(2, bool))
+    np.testing.assert_allclose(v, v_f.numpy()[0], atol=PARITY_ATOL)
+
+
+@pytest.mark.parametrize("backend", ["tf", "numpy"])
+def test_lstm_state_resets_where_first(backend):
+    config = small_config(torso="mlp", lstm=8)
+    tf_net = TFNetwork(config, OBS, ACTIONS["categorical"])
+    np_net = NumpyNetwork(config, OBS, ACTIONS["categorical"])
+    np_net.set_params(tf_net.get_params())
+    T1, B = 5, 2
+    rng = np.random.default_rng(4)
+    first = np.zeros((T1, B), bool)
+    first[2, 0] = True  # env 0 starts a new episode at step 2
+
+    def run(obs, state):
+        if backend == "tf":
+            _, v = tf_net.unroll(obs, first, state)
+            return v.numpy()
+        return numpy_unroll(np_net, obs, first, state)[1]
+
+    obs_a = random_obs(OBS, (T1, B), seed=5)
+    obs_b = {k: x.copy() for k, x in obs_a.items()}
+    for k in obs_b:  # change steps before the reset and the initial state
+        obs_b[k][:2] = random_obs(OBS, (2, B), seed=6)[k]
+    state_a = {k: rng.normal(size=(B, 8)).astype(np.float32) for k in ("h", "c")}
+    state_b = {k: rng.normal(size=(B, 8)).astype(np.float32) for k in ("h", "c")}
+    v_a, v_b = run(obs_a, state_a), run(obs_b, state_b)
+    np.testing.assert_allclose(v_a[2:, 0], v_b[2:, 0], atol=1e-6)  # env 0 forgot the past
+    assert np.all(np.abs(v_a[2:, 1] - v_b[2:, 1]) > 1e-7)  # env 1 remembers it
+    assert np.all(np.abs(v_a[:2] - v_b[:2]) > 1e-7)
+
+
+@pytest.mark.parametrize("kind", sorted(ACTIONS))
+def test_gradients_reach_every_trainable_variable(kind):
+    config = small_config(torso="deep", lstm=8, kind=kind)
+    net = TFNetwork(config, OBS, ACTIONS[kind])
+    policy = net.policy
+    T1, B = 4, 2
+    obs = random_obs(OBS, (T1, B), seed=7)
+    rng = np.random.default_rng(8)
+    np_params = {n: rng.normal(size=(T1, B) + s).astype(np.float32) for n, s in policy.param_shapes.items()}
+    action, blp = policy.sample_np(np_params, rng)
+    batch = {
+        "action": action,
+        "reward": rng.normal(size=(T1, B)).astype(np.float32),
+        "discount": np.ones((T1, B), np.float32),
+        "step_type": np.ones((T1, B), np.uint8),
+        "behaviour_log_prob": blp,
+    }
+    with tf.GradientTape() as tape:
+        params, values = net.unroll(obs, np.zeros((T1, B), bool), net.initial_state(B))
+        loss, _ = impala_loss(policy, params, values, batch, LossConfig())
+    grads = tape.gradient(loss, net.trainable_variables)
+    assert len(net.trainable_variables) == len(net.plan.param_shapes)
+    names = list(net.named_variables)
+    missing = [n for n, g in zip(names, grads) if g is None or not np.any(g.numpy() != 0)]
+    assert not missing, f"no gradient reaches {missing}"
+
+
+def test_unroll_under_xla_matches_eager():
+    config = small_config(torso="shallow", lstm=8, kind="gaussian")
+    net = TFNetwork(config, OBS, ACTIONS["gaussian"])
+    obs = random_obs(OBS, (3, 2), seed=9)
+    first = np.array([[True, False], [False, True], [False, False]])
+    state = net.initial_state(2)
+    eager = net.unroll(obs, first, state)
+    xla = tf.function(net.unroll, jit_compile=True)(obs, first, state)
+    np.testing.assert_allclose(xla[1].numpy(), eager[1].numpy(), atol=1e-5)
+    np.testing.assert_allclose(xla[0]["log_std"].numpy(), eager[0]["log_std"].numpy(), atol=1e-5)
+
+
+def test_builds_in_strategy_scope_and_runs_in_strategy_run():
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+    assert len(devices) == 2, "tests/learner/conftest.py configures logical CPU devices"
+    strategy = tf.distribute.MirroredStrategy(devices)
+    config = small_config(torso="shallow", lstm=8)
+    with strategy.scope():
+        net = TFNetwork(config, OBS, ACTIONS["categorical"])
+    assert isinstance(net.trainable_variables[0], tf.distribute.DistributedValues)
+    T1, B = 3, 4
+    obs = random_obs(OBS, (T1, B), seed=10)
+    first = np.zeros((T1, B), bool)
+    state = {k: np.zeros((B, 8), np.float32) for k in ("h", "c")}
+
+    def per_replica(ctx):
+        i = ctx.replica_id_in_sync_group
+        cols = slice(2 * i, 2 * i + 2)
+        return ({k: x[:, cols] for k, x in obs.items()}, first[:, cols], {k: s[cols] for k, s in state.items()})
+
+    inputs = strategy.experimental_distribute_values_from_function(per_replica)
+
+    @tf.function
+    def step(inputs):
+        return strategy.run(lambda o, f, s: net.unroll(o, f, s)[1], args=inputs)
+
+    values = np.concatenate([v.numpy() for v in strategy.experimental_local_results(step(inputs))], axis=1)
+    np.testing.assert_allclose(values, net.unroll(obs, first, state)[1].numpy(), atol=1e-5)
+
+
+# -- parameters and input validation --
+
+
+@pytest.mark.parametrize("backend", ["tf", "numpy"])
+def test_set_params_rejects_mismatches(backend):
+    config = small_config()
+    net = (TFNetwork if backend == "tf" else NumpyNetwork)(config, OBS, ACTIONS["categorical"])
+    good = NumpyNetwork(config, OBS, ACTIONS["categorical"], seed=3).params
+    net.set_params(good)
+    got = net.get_params() if backend == "tf" else net.params
+    np.testing.assert_array_equal(got["value/kernel"], good["value/kernel"])
+    bad = dict(good)
+    bad.pop("value/bias")
+    with pytest.raises(ValueError, match=r"missing \['value/bias'\]"):
+        net.set_params(bad)
+    with pytest.raises(ValueError, match=r"unexpected \['extra'\]"):
+        net.set_params(dict(good, extra=np.zeros(1)))
+    with pytest.raises(ValueError, match=r"'value/kernel' must have shape \[40, 1\], got \[40, 2\]"):
+        net.set_params(dict(good, **{"value/kernel": np.zeros((40, 2))}))
+
+
+def test_bad_observations_raise_value_error():
+    net = NumpyNetwork(small_config(), OBS, ACTIONS["categorical"])
+    obs = random_obs(OBS, (2,))
+    with pytest.raises(ValueError, match=r"obs lacks keys \['position'\]"):
+        net.step({"pixels": obs["pixels"]}, {}, np.zeros(2, bool))
+    with pytest.raises(ValueError, match=r"obs\['position'\] must have shape \[B, 5\], got \[2, 4\]"):
+        net.step(dict(obs, position=np.zeros((2, 4), np.float32)), {}, np.zeros(2, bool))
+    tf_net = TFNetwork(small_config(), OBS, ACTIONS["categorical"])
+    with pytest.raises(ValueError, match=r"obs\['pixels'\] must have shape \[T\+1, B, 36, 40, 6\]"):
+        tf_net.unroll(dict(obs), np.zeros((1, 2), bool), {})
+
+
+def test_initial_state_travels_with_the_unroll():
+    config = small_config(torso="mlp", lstm=8)
+    net = TFNetwork(config, OBS, ACTIONS["categorical"])
+    obs = random_obs(OBS, (2, 1), seed=11)
+    first = np.zeros((2, 1), bool)
+    zero = net.unroll(obs, first, net.initial_state(1))[1].numpy()
+    other = net.unroll(obs, first, {"h": np.ones((1, 8), np.float32), "c": np.ones((1, 8), np.float32)})[1].numpy()
+    assert np.all(np.abs(zero - other) > 1e-7)
+    with pytest.raises(ValueError, match="initial_state lacks 'h'"):
+        net.unroll(obs, first, {})
