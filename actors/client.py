@@ -28,6 +28,7 @@ Usage::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
@@ -56,6 +57,7 @@ __all__ = [
 
 TOKEN_METADATA_KEY = "x-impala-token"
 _SERVICE = "/impala_rep.transport.Learner/"
+_STREAM_LIMIT = "unroll streams at once"  # in the learner's refusal (learner/server.py)
 _RETRYABLE = frozenset(
     (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
      grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN)
@@ -180,12 +182,17 @@ class LearnerClient:
             response_deserializer=transport_pb2.StreamSummary.FromString,
         )
         self._outbox: "queue.Queue[bytes]" = queue.Queue(maxsize=int(outbox_size))
-        self._pending: Optional[bytes] = None  # taken from the outbox, not yet handed to gRPC
+        # Taken from the outbox but not handed to gRPC, or handed to a stream the learner
+        # refused before reading it (stream limit): sent first on the next stream.
+        self._pending: collections.deque = collections.deque()
+        self._yielded: collections.deque = collections.deque(maxlen=int(outbox_size) + 1)
         self._handshake: Optional[Handshake] = None
         self._have_version = 0
         self._fatal: Optional[BaseException] = None
         self._closing = threading.Event()
         self._sender: Optional[threading.Thread] = None
+        self._call: Optional[grpc.Future] = None
+        self._discard = False  # close(drain=False): drop what is queued
         self._lock = threading.Lock()
         self.unrolls_sent = 0  # handed to gRPC
         self.reconnects = 0
@@ -265,7 +272,7 @@ class LearnerClient:
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Waits until every queued unroll has been handed to gRPC; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._outbox.qsize() or self._pending is not None:
+        while self._outbox.qsize() or self._pending:
             self._raise_fatal()
             if deadline is not None and time.monotonic() > deadline:
                 return False
@@ -292,8 +299,14 @@ class LearnerClient:
         if drain and self._sender is not None and self._fatal is None:
             self.flush(timeout)
         self._closing.set()
+        if not drain:
+            self._discard = True
         if self._sender is not None:
-            self._sender.join(timeout)
+            self._sender.join(timeout if drain else 0.2)
+            call = self._call
+            if self._sender.is_alive() and call is not None:
+                call.cancel()  # the learner is not reading (queue full or away): stop waiting
+                self._sender.join(timeout)
         self._channel.close()
 
     def __enter__(self) -> "LearnerClient":
@@ -387,16 +400,19 @@ class LearnerClient:
     def _requests(self, done: threading.Event):
         """Yields queued unrolls into the current stream until it ends or the client closes."""
         while True:
-            if self._pending is None:
+            if self._discard:
+                return
+            if not self._pending:
                 try:
-                    self._pending = self._outbox.get(timeout=0.05)
+                    self._pending.append(self._outbox.get(timeout=0.05))
                 except queue.Empty:
                     if self._closing.is_set() or done.is_set():
                         return
                     continue
             if done.is_set():
                 return  # keep _pending for the next stream
-            item, self._pending = self._pending, None
+            item = self._pending.popleft()
+            self._yielded.append(item)
             self.unrolls_sent += 1
             yield item
 
@@ -406,11 +422,13 @@ class LearnerClient:
         while not self._closing.is_set():
             done = threading.Event()
             sent_before = self.unrolls_sent
+            self._yielded.clear()
             try:
                 if need_handshake:
                     self._do_handshake()
                     need_handshake = False
                 call = self._stream_call.future(self._requests(done), metadata=self._metadata)
+                self._call = call
                 call.add_done_callback(lambda _: done.set())
                 call.result()
                 attempt, since = 0, time.monotonic()
@@ -420,7 +438,11 @@ class LearnerClient:
                 if fatal is not None:
                     self._fatal = fatal
                     return
-                if self.unrolls_sent > sent_before:
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and _STREAM_LIMIT in (e.details() or ""):
+                    # Refused before the learner read anything: resend what this stream took.
+                    self._pending.extendleft(reversed(self._yielded))
+                    self.unrolls_sent -= len(self._yielded)
+                elif self.unrolls_sent > sent_before:
                     attempt, since = 0, time.monotonic()
                 if self._closing.is_set():
                     return

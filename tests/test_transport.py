@@ -1,0 +1,276 @@
+"""Server + client over loopback: handshake, 8 concurrent clients, parameters, restart with
+reconnect, queue bound under a flood, stream limit, TLS, default bind address."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from actors.client import LearnerClient, LearnerUnavailableError
+from learner.params import ParameterStore
+from learner.queue import UnrollQueue
+from learner.server import LearnerServer
+
+from impala_rep.specs import ArraySpec, EnvSpec, unroll_spec
+
+from test_transport_helpers import (
+    FRAME_STACK, T, Drain, make_unroll, small_env_spec, small_spec, start_server, wait_for,
+)
+
+
+def test_handshake_announces_spec_limits_version_and_run_config():
+    spec = small_spec("continuous")
+    params = ParameterStore()
+    params.publish({"w": np.ones(2, np.float32)})
+    run_config = {"env_id": "dmc/cartpole-swingup", "env_kwargs": {"size": 84}, "network": {"torso": "shallow"}}
+    server = start_server(spec, params=params, run_config=run_config)
+    try:
+        assert server.host == "127.0.0.1" and server.address.startswith("127.0.0.1:")
+        with LearnerClient(server.address, give_up_after_s=5) as client:
+            hs = client.connect()
+            assert hs.unroll_spec == spec
+            assert list(hs.unroll_spec) == list(spec)
+            assert hs.unroll_length == T and hs.frame_stack == FRAME_STACK
+            assert hs.parameter_version == 1
+            assert hs.max_message_bytes == server.validator.max_message_bytes
+            assert hs.run_config_dict() == run_config
+            assert hs.server_id == server.server_id
+    finally:
+        server.stop()
+
+
+def test_parameters_newest_or_nothing():
+    server = start_server()
+    try:
+        with LearnerClient(server.address, give_up_after_s=5) as client:
+            assert client.get_parameters() is None  # nothing published yet
+            server.params.publish({"w": np.arange(4, dtype=np.float32), "b": np.zeros([2, 2], np.int64)})
+            version, params = client.get_parameters()
+            assert version == 1
+            np.testing.assert_array_equal(params["w"], np.arange(4, dtype=np.float32))
+            assert params["b"].shape == (2, 2) and params["b"].dtype == np.int64
+            assert client.get_parameters() is None  # up to date: nothing sent
+            server.params.publish({"w": np.full(4, 7, np.float32), "b": np.zeros([2, 2], np.int64)})
+            version, params = client.get_parameters()
+            assert version == 2 and params["w"][0] == 7
+        m = server.snapshot_metrics()
+        assert m["parameter_requests"] == 4 and m["parameters_sent"] == 2
+    finally:
+        server.stop()
+
+
+def test_eight_concurrent_clients_stream_intact_unrolls():
+    spec = small_spec()
+    server = start_server(spec, capacity=16)
+    drain = Drain(server.queue)
+    n_clients, per_client = 8, 25
+    errors = []
+
+    def actor(i):
+        try:
+            rng = np.random.default_rng(i)
+            with LearnerClient(server.address, actor_id=f"actor-{i}", give_up_after_s=20) as client:
+                client.connect()
+                for j in range(per_client):
+                    client.send(make_unroll(spec, rng, tag=i * 1000 + j), policy_version=j, timeout=20,
+                                episode_returns=[float(i)], episode_lengths=[j + 1])
+                assert client.flush(20)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=actor, args=(i,)) for i in range(n_clients)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert not errors, errors
+        wait_for(lambda: drain.count == n_clients * per_client, 30, "every unroll")
+    finally:
+        drain.stop()
+        server.stop()
+    by_actor = {}
+    for item in drain.items:
+        by_actor.setdefault(item.actor_id, []).append(item)
+    assert sorted(by_actor) == [f"actor-{i}" for i in range(n_clients)]
+    for i in range(n_clients):
+        items = by_actor[f"actor-{i}"]
+        tags = [float(it.tensors["reward"][1]) for it in items]
+        assert tags == [i * 1000 + j for j in range(per_client)]  # in order, none lost or mixed
+        assert [it.policy_version for it in items] == list(range(per_client))
+        assert [int(it.episode_lengths[0]) for it in items] == [j + 1 for j in range(per_client)]
+        assert all(it.tensors[k].shape == s.shape for it in items for k, s in spec.items())
+    m = server.snapshot_metrics()
+    assert m["unrolls_accepted"] == n_clients * per_client and m["unrolls_rejected"] == 0
+    assert m["frames_accepted"] == n_clients * per_client * T and m["frames_per_second"] > 0
+
+
+def test_queue_bound_holds_under_a_flood_and_backpressure_blocks_clients():
+    env = small_env_spec()
+    env = EnvSpec({"pixels": ArraySpec("pixels", (64, 64, 3), "uint8")}, env.action)
+    spec = unroll_spec(env, T, frame_stack=FRAME_STACK)  # about 90 KB per unroll
+    unroll_bytes = sum(s.nbytes for s in spec.values())
+    capacity = 4
+    server = start_server(spec, capacity=capacity)
+    clients = [LearnerClient(server.address, actor_id=f"flood-{i}", outbox_size=2, give_up_after_s=20) for i in range(8)]
+    stop = threading.Event()
+    timeouts = []
+
+    def flood(client, seed):
+        rng = np.random.default_rng(seed)
+        u = make_unroll(spec, rng)
+        while not stop.is_set():
+            try:
+                client.send(u, policy_version=0, timeout=0.2)
+            except TimeoutError:
+                timeouts.append(1)
+
+    threads = [threading.Thread(target=flood, args=(c, i)) for i, c in enumerate(clients)]
+    try:
+        for th in threads:
+            th.start()
+        deadline = time.monotonic() + 2.0
+        sizes = []
+        while time.monotonic() < deadline:
+            sizes.append(len(server.queue))
+            time.sleep(0.01)
+        assert max(sizes) <= capacity and server.queue.max_size_seen == capacity
+        assert server.metrics.unrolls_accepted == capacity  # nothing consumed: nothing more got in
+        assert timeouts, "full queue must block the clients' send()"
+        sent = sum(c.unrolls_sent for c in clients)
+        # Handed to gRPC but held back by flow control and blocked handlers: bounded by the
+        # HTTP/2 windows (a few MiB per stream), not growing with time.
+        time.sleep(0.5)
+        assert sum(c.unrolls_sent for c in clients) - sent <= 8 * 2, "sends must stay blocked"
+        assert sent * unroll_bytes < 8 * 16 * 2**20, sent
+        # draining lets the traffic flow again
+        drain = Drain(server.queue, keep=False)
+        wait_for(lambda: server.metrics.unrolls_accepted > capacity + 20, 20, "traffic after draining")
+        stop.set()
+        for th in threads:
+            th.join(10)
+        drain.stop()
+    finally:
+        stop.set()
+        for c in clients:
+            c.close(drain=False, timeout=2)
+        server.stop(0)
+
+
+def test_clients_reconnect_on_their_own_after_a_server_restart():
+    spec = small_spec()
+    server = start_server(spec, capacity=64)
+    port = server.port
+    drain = Drain(server.queue, keep=False)
+    client = LearnerClient(server.address, actor_id="persistent", backoff_initial_s=0.05, backoff_max_s=0.5,
+                           give_up_after_s=30)
+    hs1 = client.connect()
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        client.send(make_unroll(spec, rng), policy_version=0, timeout=10)
+    wait_for(lambda: server.metrics.unrolls_accepted == 5, 10, "the first unrolls")
+    drain.stop()
+    server.stop(0)
+    # the learner is away: the caller keeps producing; send() blocks at most while the outbox is full
+    sent_while_down = 0
+    t_end = time.monotonic() + 1.0
+    while time.monotonic() < t_end:
+        try:
+            client.send(make_unroll(spec, rng), policy_version=0, timeout=0.2)
+            sent_while_down += 1
+        except TimeoutError:
+            pass
+    assert sent_while_down <= 4 + 2  # the bounded outbox (4) and at most one held back per stream
+    server2 = LearnerServer(spec, T, UnrollQueue(64), ParameterStore(), frame_stack=FRAME_STACK, port=port)
+    server2.start()
+    drain2 = Drain(server2.queue, keep=False)
+    try:
+        for _ in range(5):
+            client.send(make_unroll(spec, rng), policy_version=0, timeout=20)
+        assert client.flush(20)
+        wait_for(lambda: server2.metrics.unrolls_accepted >= 5, 20, "unrolls after the restart")
+        assert client.reconnects >= 1
+        assert client.handshake_info.server_id == server2.server_id != hs1.server_id
+    finally:
+        client.close(drain=False)
+        drain2.stop()
+        server2.stop(0)
+
+
+def test_gives_up_with_a_clear_error_when_no_learner_answers():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = LearnerClient(f"127.0.0.1:{port}", backoff_initial_s=0.05, backoff_max_s=0.2, give_up_after_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(LearnerUnavailableError, match="unreachable"):
+        client.connect()
+    assert time.monotonic() - t0 < 10
+    client.close(drain=False)
+
+
+def test_streams_beyond_the_limit_are_refused_and_retried():
+    spec = small_spec()
+    server = start_server(spec, capacity=64, max_streams=1)
+    drain = Drain(server.queue, keep=False)
+    try:
+        a = LearnerClient(server.address, actor_id="a", give_up_after_s=20)
+        b = LearnerClient(server.address, actor_id="b", backoff_initial_s=0.05, backoff_max_s=0.2, give_up_after_s=20)
+        rng = np.random.default_rng(0)
+        a.send(make_unroll(spec, rng), policy_version=0)
+        wait_for(lambda: server.metrics.unrolls_accepted == 1, 10, "client a's stream")
+        b.send(make_unroll(spec, rng), policy_version=0)
+        wait_for(lambda: server.metrics.streams_refused >= 1, 10, "a refused stream")
+        a.close()  # frees the slot; b's retry gets in
+        wait_for(lambda: server.metrics.unrolls_accepted == 2, 20, "client b after a left")
+        b.close()
+    finally:
+        drain.stop()
+        server.stop(0)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make a self-signed certificate")
+def test_tls_with_token(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    spec = small_spec()
+    server = start_server(spec, token="tok", tls_cert_file=str(cert), tls_key_file=str(key))
+    drain = Drain(server.queue, keep=False)
+    try:
+        with LearnerClient(server.address, token="tok", root_certificates=str(cert), give_up_after_s=10) as client:
+            assert client.connect().unroll_length == T
+            client.send(make_unroll(spec, np.random.default_rng(0)), policy_version=0)
+            assert client.flush(10)
+        wait_for(lambda: server.metrics.unrolls_accepted == 1, 10, "an unroll over TLS")
+        plain = LearnerClient(server.address, token="tok", backoff_initial_s=0.05, backoff_max_s=0.1, give_up_after_s=1.0)
+        with pytest.raises(LearnerUnavailableError):  # a plaintext client cannot talk to a TLS port
+            plain.connect()
+        plain.close(drain=False)
+    finally:
+        drain.stop()
+        server.stop(0)
+    with pytest.raises(ValueError, match="both"):
+        LearnerServer(spec, T, UnrollQueue(1), ParameterStore(), tls_cert_file=str(cert))
+
+
+def test_server_argument_checks():
+    spec = small_spec()
+    with pytest.raises(ValueError, match="JSON"):
+        LearnerServer(spec, T, UnrollQueue(1), ParameterStore(), run_config="{not json")
+    with pytest.raises(ValueError, match="frame_prefix"):
+        LearnerServer(spec, T, UnrollQueue(1), ParameterStore(), frame_stack={"position": 2})
+    with pytest.raises(ValueError, match="token"):
+        LearnerServer(spec, T, UnrollQueue(1), ParameterStore(), token="")
+    with pytest.raises(ValueError, match="max_message_bytes"):
+        LearnerServer(spec, T, UnrollQueue(1), ParameterStore(), max_message_bytes=10)
