@@ -3,8 +3,9 @@
 TensorFlow-free (actors and evaluation use it; see DESIGN.md). Built from the same
 :func:`~impala_rep.networks.config.plan_network` plan as the TensorFlow backend, with the
 same parameter names and layouts, so ``numpy_net.set_params(tf_net.get_params())`` gives
-the same outputs. Convolutions are im2col (a strided view, one copy) plus one float32
-matmul each.
+the same outputs. Each convolution is one float32 matmul: the shallow CNN's strided convs
+(kernel a multiple of the stride) by space-to-depth, the deep ResNet's 3x3 convs by im2col
+(a strided view, one copy).
 
 Shape letter: ``B`` batch (envs stepped together).
 
@@ -92,6 +93,42 @@ def _conv(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, s: int, same: boo
     return out.reshape(b, oh, ow, -1)
 
 
+def _s2d_kernel(kernel: np.ndarray, s: int) -> np.ndarray:
+    """[k, k, C, O] (k = m*s) -> [s*s*C, m*m*O], the kernel of :func:`_conv_s2d`."""
+    k, _, c, o = kernel.shape
+    m = k // s
+    big = kernel.reshape(m, s, m, s, c, o).transpose(1, 3, 4, 0, 2, 5)
+    return np.ascontiguousarray(big.reshape(s * s * c, m * m * o), dtype=np.float32)
+
+
+def _conv_s2d(x: np.ndarray, big_kernel: np.ndarray, bias: np.ndarray, k: int, s: int, scale=None) -> np.ndarray:
+    """VALID conv with stride ``s`` and kernel ``k = m*s`` by space-to-depth.
+
+    The input is regrouped into ``s x s`` blocks (``[B, H/s, W/s, s*s*C]``, no duplication),
+    one matmul with the regrouped kernel gives each block's contribution to the ``m x m``
+    outputs it touches, and ``m*m`` shifted adds assemble the output. Same result as
+    im2col, with a 4x smaller matmul input and a wider, BLAS-friendlier product.
+    """
+    b, h, w, c = x.shape
+    m = k // s
+    oh, ow = (h - k) // s + 1, (w - k) // s + 1
+    hb, wb = oh + m - 1, ow + m - 1
+    x = x[:, : hb * s, : wb * s]
+    blocks = x.reshape(b, hb, s, wb, s, c).transpose(0, 1, 3, 2, 4, 5).reshape(b * hb * wb, s * s * c)
+    if blocks.dtype != np.float32:
+        blocks = blocks.astype(np.float32)
+    z = (blocks @ big_kernel).reshape(b, hb, wb, m, m, -1)
+    out = z[:, :oh, :ow, 0, 0].copy()
+    for i in range(m):
+        for j in range(m):
+            if i or j:
+                out += z[:, i : i + oh, j : j + ow, i, j]
+    if scale is not None:
+        out *= np.float32(scale)
+    out += bias
+    return out
+
+
 def _max_pool_same(x: np.ndarray, k: int = 3, s: int = 2) -> np.ndarray:
     x = _pad_same(x, k, s, -np.inf)
     win = _windows(np.ascontiguousarray(x), k, s)
@@ -123,6 +160,7 @@ class NumpyNetwork:
         self.plan = plan_network(config, obs_specs, self.policy)
         self.obs_specs = dict(obs_specs)
         self._params = init_params(self.plan, seed)
+        self._derived: Dict[str, np.ndarray] = {}
 
     # -- parameters --
     @property
@@ -145,6 +183,14 @@ class NumpyNetwork:
                 raise ValueError(f"set_params: {name!r} must have shape {list(shape)}, got {list(value.shape)}.")
             new[name] = np.ascontiguousarray(value)
         self._params = new
+        self._derived = {}
+
+    def _s2d(self, name: str, s: int) -> np.ndarray:
+        """The space-to-depth form of kernel ``name``, cached until ``set_params``."""
+        big = self._derived.get(name)
+        if big is None:
+            big = self._derived[name] = _s2d_kernel(self._params[name], s)
+        return big
 
     def initial_state(self, batch: int) -> Dict[str, np.ndarray]:
         """Zero LSTM state ``{"h": [B, H], "c": [B, H]}``; empty without an LSTM."""
@@ -168,9 +214,13 @@ class NumpyNetwork:
             return h
         if t.kind == "shallow":
             h = x
-            for i, (_, _, s) in enumerate(SHALLOW_CONVS):
+            for i, (_, k, s) in enumerate(SHALLOW_CONVS):
                 scale = t.scale if i == 0 else None
-                h = _relu(_conv(h, p[f"{pre}/conv_{i}/kernel"], p[f"{pre}/conv_{i}/bias"], s, False, scale))
+                kernel, bias = p[f"{pre}/conv_{i}/kernel"], p[f"{pre}/conv_{i}/bias"]
+                if k % s == 0:
+                    h = _relu(_conv_s2d(h, self._s2d(f"{pre}/conv_{i}/kernel", s), bias, k, s, scale))
+                else:
+                    h = _relu(_conv(h, kernel, bias, s, False, scale))
         else:
             h = x.astype(np.float32)
             if t.scale is not None:
