@@ -1,0 +1,150 @@
+"""The actor loop (TF-free): unroll layout, overlap, frame prefixes, episode bookkeeping."""
+
+import numpy as np
+import pytest
+
+import envs
+from actors.actor import Actor
+from impala_rep.config import frame_stack_keys
+from impala_rep.distributions import make_policy
+from impala_rep.framestack import rebuild_stack
+from impala_rep.networks import NetworkConfig
+from impala_rep.networks.numpy_backend import NumpyNetwork
+from impala_rep.specs import (
+    STEP_FIRST,
+    STEP_LAST,
+    ArraySpec,
+    env_spec_from_dm_env,
+    stacked_observation_specs,
+    unroll_spec,
+    validate_array,
+)
+
+
+class RecordingNetwork:
+    """Wraps a NumpyNetwork and records the (stacked) observations it was given."""
+
+    def __init__(self, net):
+        self.net = net
+        self.seen = []
+        self.firsts = []
+
+    def initial_state(self, n):
+        return self.net.initial_state(n)
+
+    def step(self, obs, state, first):
+        self.seen.append({k: np.array(v) for k, v in obs.items()})
+        self.firsts.append(np.array(first))
+        return self.net.step(obs, state, first)
+
+    def set_params(self, params):
+        self.net.set_params(params)
+
+
+def make_actor(env_id, num_envs, T, depth=3, network=None, fetch=None, **env_kwargs):
+    env_list = [envs.make(env_id, seed=i, **env_kwargs) for i in range(num_envs)]
+    spec = env_spec_from_dm_env(env_list[0])
+    fs = frame_stack_keys(spec.observations, depth)
+    config = NetworkConfig(**(network or {}))
+    policy = make_policy(spec.action, config)
+    net = RecordingNetwork(NumpyNetwork(config, stacked_observation_specs(spec.observations, fs), spec.action))
+    core = {n: ArraySpec(n, v.shape[1:], v.dtype.name) for n, v in net.initial_state(1).items()}
+    uspec = unroll_spec(spec, T, fs, core, policy.action_spec)
+    out = []
+    actor = Actor(env_list, net, policy, T, fs, sink=out.append, fetch_params=fetch, seed=0)
+    return actor, out, uspec, net, fs
+
+
+def test_unrolls_match_the_spec_and_overlap_by_one_step():
+    T, E = 5, 3
+    actor, out, uspec, _, _ = make_actor("catch", E, T)
+    actor.run(max_steps=E * (3 * T + 1))
+    assert len(out) == 3 * E
+    for u in out:
+        assert set(u.tensors) == set(uspec)
+        for key, spec in uspec.items():
+            validate_array(spec, u.tensors[key])
+    # Unrolls of one env come out in order; the last step of one is the first of the next.
+    per_env = [out[i::E] for i in range(E)]
+    for unrolls in per_env:
+        for a, b in zip(unrolls, unrolls[1:]):
+            for key in ("observation/observation", "step_type", "reward", "action", "behaviour_log_prob"):
+                np.testing.assert_array_equal(a.tensors[key][-1], b.tensors[key][0])
+
+
+def test_episode_ends_follow_dm_env_and_returns_are_reported():
+    T, E = 4, 2
+    actor, out, _, _, _ = make_actor("catch", E, T)
+    actor.run(max_steps=E * 40)
+    step_types = np.concatenate([u.tensors["step_type"][:-1] for u in out])
+    assert (step_types == STEP_FIRST).any() and (step_types == STEP_LAST).any()
+    for u in out:
+        st, disc, rew = u.tensors["step_type"], u.tensors["discount"], u.tensors["reward"]
+        # catch terminates: discount 0 exactly on LAST steps, 1 elsewhere; FIRST has reward 0.
+        np.testing.assert_array_equal(disc == 0.0, st == STEP_LAST)
+        assert np.all(rew[st == STEP_FIRST] == 0.0)
+    # Each finished episode is reported with the unroll that holds its LAST step.
+    for u in out:
+        assert len(u.episode_returns) == int(np.sum(u.tensors["step_type"][1:] == STEP_LAST))
+    returns = [r for u in out for r in u.episode_returns]
+    assert 0 < len(returns) <= actor.stats.episodes
+    assert set(returns) <= {-1.0, 1.0}
+    assert all(n == 9 for u in out for n in u.episode_lengths)  # catch: 10 rows, 9 moves
+
+
+def test_frame_prefix_rebuilds_exactly_what_the_policy_saw():
+    T, E = 6, 2
+    actor, out, _, net, _ = make_actor("catch", E, T, depth=3, pixels=True)
+    actor.run(max_steps=E * (4 * T + 1))
+    assert len(out) == 4 * E
+    for j, unroll in enumerate(out):
+        env, k = j % E, j // E
+        rebuilt = rebuild_stack(
+            unroll.tensors["observation/pixels"],
+            unroll.tensors["frame_prefix/pixels"],
+            unroll.tensors["step_type"],
+        )
+        seen = np.stack([net.seen[k * T + t]["pixels"][env] for t in range(T + 1)])
+        np.testing.assert_array_equal(rebuilt, seen)
+        assert rebuilt.shape[-1] == 3 * unroll.tensors["observation/pixels"].shape[-1]
+
+
+def test_parameters_are_refreshed_between_unrolls_and_versions_recorded():
+    calls = []
+    donor = None
+
+    def fetch(have):
+        calls.append(have)
+        if have < 3:
+            return have + 1, donor.params
+        return have, None
+
+    actor, out, _, _, _ = make_actor("catch", 1, 3, fetch=fetch)
+    donor = actor._network.net
+    actor.run(max_steps=3 * 6 + 1)
+    assert [u.policy_version for u in out[:5]] == [0, 1, 2, 3, 3]
+    assert actor.stats.param_updates == 3
+    assert calls[:4] == [0, 1, 2, 3]
+
+
+def test_lstm_core_state_travels_with_each_unroll():
+    T, E = 3, 2
+    actor, out, uspec, net, _ = make_actor("catch", E, T, network={"lstm_size": 8})
+    assert any(k.startswith("core_state/") for k in uspec)
+    actor.run(max_steps=E * (2 * T + 1))
+    first, second = out[0], out[E]
+    for key in uspec:
+        if key.startswith("core_state/"):
+            assert np.all(first.tensors[key] == 0.0)  # initial state of a fresh actor
+            assert np.any(second.tensors[key] != 0.0)  # state carried into the next unroll
+
+
+def test_actor_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="at least one env"):
+        Actor([], None, None, 5, {}, sink=print)
+    env = envs.make("catch", seed=0)
+    spec = env_spec_from_dm_env(env)
+    config = NetworkConfig()
+    net = NumpyNetwork(config, spec.observations, spec.action)
+    with pytest.raises(ValueError, match="unroll_length"):
+        Actor([env], net, make_policy(spec.action, config), 0, {}, sink=print)

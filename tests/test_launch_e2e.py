@@ -1,0 +1,148 @@
+"""The product end to end, through the real entry points (subprocesses: learner with TensorFlow,
+actor processes without it, gRPC on 127.0.0.1)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ENV = dict(os.environ, MUJOCO_GL="egl", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+CATCH = ["--env", "catch", "--batch-size", "16", "--unroll-length", "10", "--log-interval", "1"]
+
+
+def launch(*args, timeout=600):
+    return subprocess.run(
+        [sys.executable, "-m", "impala_rep.launch", *args], capture_output=True, text=True, timeout=timeout, env=ENV
+    )
+
+
+def evaluate(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "impala_rep.evaluate", *args], capture_output=True, text=True, timeout=timeout, env=ENV
+    )
+
+
+def metrics(logdir):
+    with open(os.path.join(logdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_catch_is_learned_then_evaluated_then_resumed(tmp_path):
+    logdir = str(tmp_path / "run")
+    proc = launch(*CATCH, "--actors", "4", "--total-steps", "96000", "--logdir", logdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = metrics(logdir)
+    assert records, "no progress was recorded"
+    # A uniformly random catch policy averages about -0.6; learned is close to +1.
+    assert records[-1]["episode_return"] > 0.3, records[-1]
+    assert records[-1]["agent_steps"] <= 96000 and records[-1]["transport/unrolls_rejected"] == 0
+    with open(os.path.join(logdir, "config.json")) as f:
+        assert json.load(f)["env"] == "catch"
+    assert os.listdir(os.path.join(logdir, "summaries")), "no TensorBoard summaries written"
+
+    ev = evaluate(logdir, "--episodes", "20", "--greedy", "--seed", "1")
+    assert ev.returncode == 0, ev.stderr
+    report = json.loads(open(os.path.join(logdir, "eval", "eval-600.json")).read())
+    assert report["episodes"] == 20 and report["mean_return"] >= 0.6, report
+    assert "mean return" in ev.stdout and "episode 20/20" in ev.stdout
+    ev2 = evaluate(os.path.join(logdir, "policy"), "--episodes", "3", "--report", str(tmp_path / "r.json"))
+    assert ev2.returncode == 0, ev2.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["episodes"] == 3
+
+    # Same logdir, larger budget: resumes from the checkpoint (step counter continues).
+    proc = launch(*CATCH, "--actors", "2", "--total-steps", "112000", "--logdir", logdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stderr
+    resumed = metrics(logdir)[len(records):]
+    assert resumed and resumed[0]["learner_step"] > 600 and resumed[-1]["agent_steps"] <= 112000
+    policy = json.load(open(os.path.join(logdir, "policy", "policy.json")))
+    assert policy["learner_step"] == 700 and policy["agent_steps"] == 112000
+
+
+def _wait_for(proc, text, lines, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        lines.append(line)
+        if text in line:
+            return True
+    return False
+
+
+def test_killed_actor_is_restarted_and_sigterm_leaves_a_loadable_checkpoint(tmp_path):
+    logdir = str(tmp_path / "run")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "impala_rep.launch", *CATCH, "--actors", "2", "--actor-processes", "2",
+         "--total-steps", "100000000", "--logdir", logdir, "--checkpoint-interval", "3600"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=ENV,
+    )
+    lines = []
+    try:
+        assert _wait_for(proc, "step ", lines, 240), "".join(lines)
+        children = subprocess.run(["pgrep", "-f", f"actors.run --learner-address"], capture_output=True, text=True)
+        pids = [int(p) for p in children.stdout.split()]
+        mine = [p for p in pids if open(f"/proc/{p}/cmdline").read().find(sys.executable) >= 0]
+        assert len(mine) >= 2
+        os.kill(mine[0], signal.SIGKILL)
+        assert _wait_for(proc, "restarting it (1/10)", lines, 60), "".join(lines)
+        assert _wait_for(proc, "step ", lines, 60), "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines.append(rest or "")
+    log = "".join(lines)
+    assert proc.returncode == 0, log[-3000:]
+    assert "received SIGTERM" in log and "checkpoint" in log
+    assert "killed by SIGKILL" in log
+    assert os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint"))
+    ev = evaluate(logdir, "--episodes", "2")
+    assert ev.returncode == 0, ev.stderr
+
+
+def test_pixel_dm_control_trains_a_few_updates_end_to_end(tmp_path):
+    logdir = str(tmp_path / "run")
+    proc = launch("--env", "dmc/cartpole-swingup", "--actors", "2", "--batch-size", "4", "--unroll-length", "5",
+                  "--total-steps", "200", "--log-interval", "1", "--logdir", logdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    policy = json.load(open(os.path.join(logdir, "policy", "policy.json")))
+    assert policy["learner_step"] == 10 and policy["env_spec"]["observations"]["pixels"]["shape"] == [84, 84, 3]
+    assert policy["frame_stack"] == {"pixels": 3}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--actors", "0"], "--actors: expected a positive integer"),
+        (["--learner", "quantum"], "invalid choice: 'quantum'"),
+        (["--env", "no-such-env"], "no-such-env"),
+        (["--env", "catch", "--env-arg", "rows"], "rows"),
+        (["--env", "catch", "--batch-size", "6", "--replicas", "4"], "not divisible by replicas 4"),
+        (["--env", "catch", "--actors", "100000"], "or fewer"),
+        (["--env", "catch", "--learner", "tpu"], "TPU"),
+        (["--env", "catch", "--learner", "gpu"], "GPU"),
+    ],
+)
+def test_bad_flags_give_a_sentence_not_a_traceback(tmp_path, args, message):
+    proc = launch(*args, "--logdir", str(tmp_path / "run"), timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_evaluate_errors_are_sentences(tmp_path):
+    missing = evaluate(str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "policy.json").write_text("{not json")
+    corrupt = evaluate(str(tmp_path))
+    assert corrupt.returncode == 2 and "not JSON" in corrupt.stderr and "Traceback" not in corrupt.stderr

@@ -1,0 +1,91 @@
+"""Launcher pieces (TF-free): run config validation, actor planning, supervision."""
+
+import json
+import sys
+import time
+
+import pytest
+
+from actors.supervisor import ActorSupervisor
+from impala_rep.config import ConfigError, RunConfig
+from impala_rep.plan import PlanError, plan_actors
+
+
+def test_run_config_round_trips_and_hides_the_token():
+    cfg = RunConfig(env="catch", actors=4, token="s3cret", network={"torso": "mlp"})
+    data = json.loads(cfg.dumps())
+    assert data["token"] == "<set>" and "s3cret" not in cfg.dumps()
+    data["token"] = "s3cret"
+    assert RunConfig.from_json(data) == cfg
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"actors": 0}, "actors must be a positive integer"),
+        ({"learner": "quantum"}, "learner must be one of cpu, gpu, tpu, auto"),
+        ({"batch_size": 30, "replicas": 4}, "not divisible by replicas 4"),
+        ({"actors": 2, "actor_processes": 3}, "cannot exceed actors"),
+        ({"tls_cert": "cert.pem"}, "both --tls-cert and --tls-key"),
+        ({"port": 70000}, "port must be in 0..65535"),
+    ],
+)
+def test_run_config_rejects_bad_values_with_a_sentence(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig(**kwargs)
+
+
+def test_unknown_config_keys_are_named():
+    with pytest.raises(ConfigError, match="unknown config keys \\['colour'\\]"):
+        RunConfig.from_json({"colour": "blue"})
+
+
+def test_plan_spreads_envs_over_processes_and_fits_64_actors_here():
+    plan = plan_actors(64, "dmc/cartpole-swingup", {}, cores=2, memory_mb=24 * 1024)
+    assert plan.processes == 2 and plan.envs_per_process == [32, 32]
+    plan = plan_actors(10, "catch", {}, processes=3, cores=2, memory_mb=24 * 1024)
+    assert plan.envs_per_process == [4, 3, 3]
+
+
+def test_plan_refuses_what_cannot_fit_and_says_what_would():
+    with pytest.raises(PlanError, match=r"use --actors \d+ or fewer"):
+        plan_actors(64, "dmc/cartpole-swingup", {"render": "standard"}, cores=2, memory_mb=4 * 1024)
+    with pytest.raises(PlanError, match="exceeds --actors"):
+        plan_actors(2, "catch", {}, processes=4, cores=2, memory_mb=1024)
+
+
+def _sleeper(code, delay=0.0):
+    return [sys.executable, "-c", f"import time, sys; time.sleep({delay}); print('bye'); sys.exit({code})"]
+
+
+def _wait(cond, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_supervisor_restarts_crashed_actors_up_to_the_limit(tmp_path):
+    sup = ActorSupervisor([_sleeper(3)], log_dir=str(tmp_path), max_restarts=2)
+    sup.start()
+    events = []
+    try:
+        assert _wait(lambda: events.extend(sup.poll()) or sup.all_given_up)
+    finally:
+        sup.stop()
+    assert sup.actors[0].restarts == 2
+    assert "exited with code 3; restarting it (1/2)" in events[0]
+    assert "bye" in events[0]  # the crash reason quotes the actor's last output
+    assert "not restarting it again" in events[-1]
+
+
+def test_supervisor_stop_terminates_running_actors(tmp_path):
+    sup = ActorSupervisor([_sleeper(0, 60), _sleeper(0, 60)], log_dir=str(tmp_path), max_restarts=1)
+    sup.start()
+    assert sup.alive == 2
+    t0 = time.monotonic()
+    sup.stop(timeout=5)
+    assert sup.alive == 0 and time.monotonic() - t0 < 10
+    assert sup.poll() == []  # no restarts while stopping
