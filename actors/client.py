@@ -43,7 +43,7 @@ import numpy as np
 
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec
-from impala_rep.wire import decode_tensors, encode_tensor, spec_from_proto
+from impala_rep.wire import decode_tensors, encode_unroll_bytes, spec_from_proto
 
 __all__ = [
     "TOKEN_METADATA_KEY",
@@ -256,12 +256,7 @@ class LearnerClient:
         if self._validate:
             hs = self._handshake or self._do_handshake()
             self._check_unroll(hs, unroll)
-        msg = transport_pb2.Unroll(actor_id=self.actor_id, policy_version=int(policy_version))
-        msg.episode_returns[:] = [float(r) for r in episode_returns]
-        msg.episode_lengths[:] = [int(n) for n in episode_lengths]
-        for name, value in unroll.items():
-            encode_tensor(name, value, out=msg.tensors.add())
-        payload = msg.SerializeToString()
+        payload = encode_unroll_bytes(self.actor_id, policy_version, unroll, episode_returns, episode_lengths)
         if self._validate and len(payload) > self._handshake.max_message_bytes:
             raise ValueError(
                 f"the unroll encodes to {len(payload)} bytes, more than the learner's limit of "

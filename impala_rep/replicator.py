@@ -245,47 +245,61 @@ class Replicator:
         """Context manager: variables created inside are mirrored on every replica."""
         return self.strategy.scope()
 
-    def distribute(self, batch: Any, axis: int = 1) -> Any:
-        """Splits a global batch (a nest of arrays/tensors) into per-replica shards along ``axis``.
+    def distribute(self, batch: Any, axis: Any = 1) -> Any:
+        """Splits a global batch (a nest of arrays/tensors) into per-replica shards.
 
-        Replica ``r`` (its global id over all workers) receives slice ``r`` of ``N`` equal
-        slices. Works eagerly and inside ``tf.function``. For ``multiworker`` every worker
-        passes the same global batch and keeps its replicas' slices. Raises ``ValueError``
-        when the axis length is not divisible by ``num_replicas``.
+        ``axis`` is the batch axis: an int for every entry (default 1, ``B`` of time-major
+        ``[T+1, B, ...]`` arrays), or a nest of ints with the structure of ``batch`` (e.g.
+        ``0`` for recurrent states ``[B, ...]``). Replica ``r`` (its global id over all
+        workers) receives slice ``r`` of ``N`` equal slices. Works eagerly and inside
+        ``tf.function``. For ``multiworker`` every worker passes the same global batch and
+        keeps its replicas' slices. Raises ``ValueError`` when a batch axis is not divisible
+        by ``num_replicas``.
         """
         import tensorflow as tf
 
         n = self.num_replicas
         flat = tf.nest.flatten(batch)
-        for path, x in zip(_paths(batch), flat):
+        if isinstance(axis, int) and not isinstance(axis, bool):
+            axes = [axis] * len(flat)
+        else:
+            try:
+                tf.nest.assert_same_structure(batch, axis)
+            except (ValueError, TypeError):
+                raise ValueError(
+                    "axis must be an int or a nest of ints with the structure of the batch."
+                ) from None
+            axes = tf.nest.flatten(axis)
+        for path, x, ax in zip(_paths(batch), flat, axes):
             shape = x.shape
             rank = len(shape)
-            if rank == 0 or not -rank <= axis < rank:
+            if rank == 0 or not -rank <= ax < rank:
                 raise ValueError(
-                    f"batch entry {path} has shape {list(shape)}, which has no axis {axis} to "
+                    f"batch entry {path} has shape {list(shape)}, which has no axis {ax} to "
                     "split across replicas."
                 )
-            size = shape[axis]
+            size = shape[ax]
             if size is None:
                 raise ValueError(
-                    f"batch entry {path} has an unknown size on axis {axis}; give the step a "
+                    f"batch entry {path} has an unknown size on axis {ax}; give the step a "
                     "fixed input signature so the batch can be split across replicas."
                 )
             if int(size) % n:
                 raise ValueError(
-                    f"batch entry {path} has size {int(size)} on axis {axis}, which is not "
+                    f"batch entry {path} has size {int(size)} on axis {ax}, which is not "
                     f"divisible by the {n} replicas: use a batch size that is a multiple of {n} "
                     f"(e.g. {max(n, int(size) // n * n)}) or change num_replicas."
                 )
+        structure = batch
+
         def shard(ctx):
             r = ctx.replica_id_in_sync_group
             num = ctx.num_replicas_in_sync
-
-            def take(x):
-                x = tf.convert_to_tensor(x)
-                return x if num == 1 else tf.split(x, num, axis=axis)[r]
-
-            return tf.nest.map_structure(take, batch)
+            pieces = [
+                tf.convert_to_tensor(x) if num == 1 else tf.split(tf.convert_to_tensor(x), num, axis=ax)[r]
+                for x, ax in zip(flat, axes)
+            ]
+            return tf.nest.pack_sequence_as(structure, pieces)
 
         return self.strategy.experimental_distribute_values_from_function(shard)
 

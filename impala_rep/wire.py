@@ -28,6 +28,7 @@ __all__ = [
     "wire_dtype",
     "encode_tensor",
     "encode_tensors",
+    "encode_unroll_bytes",
     "decode_tensor",
     "decode_tensors",
     "spec_to_proto",
@@ -79,6 +80,77 @@ def encode_tensors(arrays: Mapping[str, object], container) -> None:
     """Appends one ``Tensor`` per entry of ``arrays`` to a repeated field ``container``."""
     for name, value in arrays.items():
         encode_tensor(name, value, out=container.add())
+
+
+def _varint(value: int) -> bytes:
+    if value < 0:
+        value += 1 << 64  # int64 two's complement, as protobuf encodes negative int64
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _len_field(tag: int, payload_len: int) -> bytes:
+    return bytes((tag,)) + _varint(payload_len)
+
+
+def encode_unroll_bytes(
+    actor_id: str,
+    policy_version: int,
+    tensors: Mapping[str, object],
+    episode_returns: Iterable[float] = (),
+    episode_lengths: Iterable[int] = (),
+) -> bytes:
+    """The serialized ``transport_pb2.Unroll``, written with one copy of each tensor's bytes.
+
+    Byte for byte what ``Unroll(...).SerializeToString()`` gives (tests compare), but it
+    joins the arrays' memory directly instead of copying each array into the message and
+    the message into bytes (two fewer copies of about 0.5 MB per pixel unroll).
+    """
+    parts = []
+    name = actor_id.encode()
+    if name:
+        parts += [_len_field(0x0A, len(name)), name]
+    if int(policy_version):
+        parts += [b"\x10", _varint(int(policy_version))]
+    for key, value in tensors.items():
+        arr = np.asarray(value)
+        dtype = arr.dtype.name
+        if dtype not in WIRE_DTYPES:
+            raise WireError(f"tensor {key!r}: dtype {dtype} cannot travel; use one of {sorted(WIRE_DTYPES)}.")
+        le = _LE_DTYPES[dtype]
+        if arr.dtype != le or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr, dtype=le)
+        head = []
+        kb, db = key.encode(), dtype.encode()
+        if kb:
+            head += [_len_field(0x0A, len(kb)), kb]
+        head += [_len_field(0x12, len(db)), db]
+        if arr.ndim:
+            dims = b"".join(_varint(d) for d in arr.shape)
+            head += [_len_field(0x1A, len(dims)), dims]
+        head_bytes = b"".join(head)
+        size = len(head_bytes)
+        if arr.nbytes:
+            data = memoryview(arr.reshape(-1)).cast("B") if arr.ndim else arr.tobytes()
+            data_head = _len_field(0x22, arr.nbytes)
+            size += len(data_head) + arr.nbytes
+            parts += [_len_field(0x1A, size), head_bytes, data_head, data]
+        else:
+            parts += [_len_field(0x1A, size), head_bytes]
+    returns = np.asarray(list(episode_returns), dtype="<f8")
+    if returns.size:
+        parts += [_len_field(0x22, returns.nbytes), returns.tobytes()]
+    lengths = b"".join(_varint(int(n)) for n in episode_lengths)
+    if lengths:
+        parts += [_len_field(0x2A, len(lengths)), lengths]
+    return b"".join(parts)
 
 
 def decode_tensor(msg: "transport_pb2.Tensor", max_elements: int | None = None) -> np.ndarray:

@@ -8,7 +8,8 @@ in the replicator's scope, so their variables are mirrored on every replica), th
 counter (the optimizer's ``iterations``) and a compiled ``tf.function`` with a fixed input
 signature (from the batch spec) that, per call:
 
-1. splits the global ``[T+1, B, ...]`` batch along ``B`` (:meth:`Replicator.distribute`);
+1. splits the global ``[T+1, B, ...]`` batch (and ``[B, ...]`` core states) along ``B``
+   (:meth:`Replicator.distribute`);
 2. on every replica unrolls the network over its ``B / N`` unrolls and computes the loss
    and its gradients (``loss_fn``; the loss is a *sum* over T and B, so per-replica losses
    add up to the global loss);
@@ -361,7 +362,9 @@ class LearnerStep:
     def _train(self, batch):
         import tensorflow as tf
 
-        per_replica = self.replicator.run(self._replica_step, (self.replicator.distribute(batch, axis=1),))
+        # B is axis 1 of [T+1, B, ...] entries and axis 0 of recurrent states [B, ...].
+        axes = {key: 0 if key.startswith("core_state/") else 1 for key in batch}
+        per_replica = self.replicator.run(self._replica_step, (self.replicator.distribute(batch, axis=axes),))
         metrics = self.replicator.reduce("sum", per_replica)
         if "num_transitions" in metrics:
             count = tf.maximum(metrics["num_transitions"], 1.0)

@@ -49,6 +49,8 @@ def test_catch_is_learned_then_evaluated_then_resumed(tmp_path):
     report = json.loads(open(os.path.join(logdir, "eval", "eval-600.json")).read())
     assert report["episodes"] == 20 and report["mean_return"] >= 0.6, report
     assert "mean return" in ev.stdout and "episode 20/20" in ev.stdout
+    mismatch = evaluate(logdir, "--env-arg", "rows=12")
+    assert mismatch.returncode == 2 and "other specs than this env" in mismatch.stderr, mismatch.stderr
     ev2 = evaluate(os.path.join(logdir, "policy"), "--episodes", "3", "--report", str(tmp_path / "r.json"))
     assert ev2.returncode == 0, ev2.stderr
     assert json.loads((tmp_path / "r.json").read_text())["episodes"] == 3
@@ -117,6 +119,14 @@ def test_pixel_dm_control_trains_a_few_updates_end_to_end(tmp_path):
     policy = json.load(open(os.path.join(logdir, "policy", "policy.json")))
     assert policy["learner_step"] == 10 and policy["env_spec"]["observations"]["pixels"]["shape"] == [84, 84, 3]
     assert policy["frame_stack"] == {"pixels": 3}
+    video = tmp_path / "episode.mp4"
+    ev = evaluate(logdir, "--episodes", "1", "--video", str(video), "--env-arg", "time_limit=20")
+    assert ev.returncode == 0, ev.stderr
+    import imageio.v2 as imageio
+
+    frames = imageio.mimread(str(video), memtest=False)
+    report = json.load(open(os.path.join(logdir, "eval", "eval-10.json")))
+    assert len(frames) == report["lengths"][0] + 1 and frames[0].shape == (84, 84, 3)
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from impala_rep.wire import (
     decode_tensor,
     decode_tensors,
     encode_tensor,
+    encode_unroll_bytes,
     spec_from_proto,
     spec_to_proto,
 )
@@ -155,3 +156,28 @@ def test_no_pickle_in_the_transport():
     for path in files:
         match = pattern.search(path.read_text())
         assert match is None, f"{path} uses {match.group(0)!r}"
+
+
+@pytest.mark.parametrize("version", [0, 7, 2**40])
+@pytest.mark.parametrize("episodes", [((), ()), ((1.5, -2.0), (10, 300))])
+def test_fast_unroll_encoding_equals_protobuf_serialization(version, episodes):
+    rng = np.random.default_rng(1)
+    tensors = {
+        "observation/pixels": rng.integers(0, 256, (3, 84, 84, 3)).astype(np.uint8),
+        "reward": rng.normal(size=3).astype(np.float32),
+        "action": np.arange(6, dtype=">i4").reshape(3, 2)[:, ::-1],  # big-endian, non-contiguous
+        "scalar": np.float64(2.5),
+        "empty": np.zeros((0, 4), np.int64),
+        "flag": np.array([True, False]),
+        "core_state/h": np.zeros((300,), np.float16),
+    }
+    returns, lengths = episodes
+    msg = transport_pb2.Unroll(actor_id="actor-\u00e9", policy_version=version)
+    msg.episode_returns[:] = returns
+    msg.episode_lengths[:] = lengths
+    for name, value in tensors.items():
+        encode_tensor(name, value, out=msg.tensors.add())
+    fast = encode_unroll_bytes("actor-\u00e9", version, tensors, returns, lengths)
+    assert fast == msg.SerializeToString()
+    back = transport_pb2.Unroll.FromString(fast)
+    np.testing.assert_array_equal(decode_tensors(back.tensors)["action"], tensors["action"])

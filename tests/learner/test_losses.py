@@ -121,6 +121,27 @@ def test_matches_numpy_reference(config):
         assert metrics[key].shape == () and np.isfinite(metrics[key].numpy())
 
 
+def test_frozen_hand_checked_loss():
+    # pi uniform over 3 actions (log pi = -ln 3), mu(a) = 1/2 -> rho = 2/3; V = [0.5, 2], r = 1.
+    # vs - V = pg_adv = 2/3 * (1 + 0.9 * 2 - 0.5) = 1.533333
+    # pg = 1.533333 * ln 3 = 1.684539; baseline = 0.5 * 1.533333^2 = 1.175556; entropy = -ln 3
+    batch = {
+        "action": np.array([[1], [0]], np.int32),
+        "reward": np.array([[0.0], [1.0]], np.float32),
+        "discount": np.ones((2, 1), np.float32),
+        "step_type": np.array([[STEP_FIRST], [STEP_MID]], np.uint8),
+        "behaviour_log_prob": np.log(np.full((2, 1), 0.5, np.float32)),
+    }
+    logits = np.zeros((2, 1, 3), np.float32)
+    values = np.array([[0.5], [2.0]], np.float32)
+    loss, m = impala_loss(POLICY, {"logits": logits}, values, batch, LossConfig(discount=0.9))
+    np.testing.assert_allclose(m["pg_loss"].numpy(), 1.684539, rtol=1e-5)
+    np.testing.assert_allclose(m["baseline_loss"].numpy(), 1.175556, rtol=1e-5)
+    np.testing.assert_allclose(m["entropy_loss"].numpy(), -1.098612, rtol=1e-5)
+    np.testing.assert_allclose(loss.numpy(), 1.684539 + 0.5 * 1.175556 - 0.01 * 1.098612, rtol=1e-5)
+    np.testing.assert_allclose(m["rho_sum"].numpy(), 2.0 / 3.0, rtol=1e-5)
+
+
 def test_termination_cuts_the_bootstrap():
     # steps: F M M L(terminal) F M ; transitions 0..4, transition 3 is LAST -> FIRST.
     batch, logits, values = make_batch([0, 1, 1, 2, 0, 1], [1, 1, 1, 0, 1, 1], seed=2, on_policy=True)
