@@ -1,0 +1,288 @@
+"""Tests of the replicated learner step (learner.step).
+
+Tolerance of replica equivalence: float32 sums taken in a different order (per-replica
+partial sums, then the all-reduce) differ by a few ulps; after K=3 RMSProp steps the
+parameters of 2 and 4 replicas match one replica to ``rtol=1e-5, atol=1e-6``. Within one
+run the copies on all replicas are bit-identical (every replica applies the same
+all-reduced gradient).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from impala_rep.losses import LossConfig
+from impala_rep.replicator import make_replicator
+from learner.step import LearnerStep, OptimizerConfig, make_batch_spec
+from multiworker_worker import TinyNetwork, tiny_batch_spec, tiny_batches, tiny_policy
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+T, B, K = 4, 8, 3
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _tiny_learner(num_replicas, **kwargs):
+    return LearnerStep(
+        make_replicator("cpu", num_replicas=num_replicas), TinyNetwork, tiny_policy(), tiny_batch_spec(T, B), **kwargs
+    )
+
+
+def _train(learner, batches):
+    return [learner.train(b) for b in batches]
+
+
+def _replica_copies(learner):
+    return [
+        {v.name: c.numpy() for v in learner.network.trainable_variables for c in [learner.replicator.local_results(v)[r]]}
+        for r in range(learner.replicator.num_replicas)
+    ]
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return tiny_batches(K, T, B)
+
+
+@pytest.fixture(scope="module")
+def one_replica(batches):
+    learner = _tiny_learner(1)
+    initial = learner.get_params()[1]
+    metrics = _train(learner, batches)
+    return initial, learner.get_params(), metrics
+
+
+@pytest.mark.parametrize("num_replicas", [2, 4])
+def test_replicas_match_one_replica(batches, one_replica, num_replicas):
+    initial, (version_1, params_1), metrics_1 = one_replica
+    learner = _tiny_learner(num_replicas)
+    metrics = _train(learner, batches)
+    version, params = learner.get_params()
+    assert version == version_1 == K
+    for name in params_1:
+        assert not np.allclose(params_1[name], initial[name], atol=1e-4), f"{name} did not train"
+        np.testing.assert_allclose(params[name], params_1[name], rtol=RTOL, atol=ATOL, err_msg=name)
+    for m, m1 in zip(metrics, metrics_1):
+        for key in ("loss", "grad_norm", "num_transitions", "rho_mean", "learning_rate"):
+            np.testing.assert_allclose(m[key], m1[key], rtol=1e-5, err_msg=key)
+    copies = _replica_copies(learner)
+    for copy in copies[1:]:
+        for name in copy:
+            np.testing.assert_array_equal(copy[name], copies[0][name])
+
+
+def test_one_step_is_rmsprop_on_the_clipped_global_gradient(batches):
+    """An oracle written from the formulas: g = grad of the global summed loss on one device,
+    clipped to norm 40; ms = (1 - rho) g^2; p -= lr g / sqrt(ms + eps)."""
+    learner = _tiny_learner(4)
+    _, p0 = learner.get_params()
+    reference = TinyNetwork()
+    batch = {k: tf.constant(v) for k, v in batches[0].items()}
+    with tf.GradientTape() as tape:
+        first = tf.equal(tf.cast(batch["step_type"], tf.int32), 0)
+        policy_params, values = reference.unroll({"obs": batch["observation/obs"]}, first, {})
+        from impala_rep.losses import impala_loss
+
+        loss, _ = impala_loss(learner.policy, policy_params, values, batch, LossConfig())
+    names = ["kernel", "bias"]
+    grads = tape.gradient(loss, [reference.kernel, reference.bias])
+    grads, norm = tf.clip_by_global_norm(grads, 40.0)
+    metrics = learner.train(batches[0])
+    np.testing.assert_allclose(metrics["grad_norm"], norm.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(metrics["loss"], loss.numpy(), rtol=1e-5)
+    _, p1 = learner.get_params()
+    for name, g in zip(names, grads):
+        g = g.numpy()
+        expected = p0[name] - 6e-4 * g / np.sqrt(0.01 * g * g + 0.01)
+        np.testing.assert_allclose(p1[name], expected, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_xla_step_matches_uncompiled(batches, one_replica):
+    _, (_, params_1), metrics_1 = one_replica
+    learner = _tiny_learner(2, jit_compile=True)
+    metrics = _train(learner, batches)
+    _, params = learner.get_params()
+    for name in params_1:
+        np.testing.assert_allclose(params[name], params_1[name], rtol=RTOL, atol=ATOL, err_msg=name)
+    np.testing.assert_allclose(metrics[-1]["loss"], metrics_1[-1]["loss"], rtol=1e-5)
+
+
+def test_step_has_a_fixed_input_signature(batches):
+    learner = _tiny_learner(2)
+    _train(learner, batches)
+    assert learner.train_fn.experimental_get_tracing_count() == 1
+    spec = learner.train_fn.input_signature[0]
+    assert spec["observation/obs"].shape == (T + 1, B, 5) and spec["step_type"].dtype == tf.uint8
+
+
+def test_clipping_bounds_the_update(batches):
+    learner = _tiny_learner(2, optimizer_config=OptimizerConfig(clip_norm=1e-6))
+    _, p0 = learner.get_params()
+    metrics = learner.train(batches[0])
+    assert metrics["grad_norm"] > 1.0  # reported before clipping
+    _, p1 = learner.get_params()
+    for name in p0:  # |update| <= lr * |g| / sqrt(eps) with |g| <= 1e-6
+        assert np.max(np.abs(p1[name] - p0[name])) <= 6e-4 * 1e-6 / 0.1 * 1.01
+
+
+def test_learning_rate_anneals_linearly_to_zero(batches):
+    learner = _tiny_learner(2, optimizer_config=OptimizerConfig(anneal_steps=2))
+    rates = [m["learning_rate"] for m in _train(learner, batches)]
+    np.testing.assert_allclose(rates, [6e-4, 3e-4, 0.0], atol=1e-9)
+    _, before = learner.get_params()
+    learner.train(batches[0])
+    _, after = learner.get_params()
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name])
+
+
+def test_get_params_is_a_versioned_copy(batches):
+    learner = _tiny_learner(2)
+    version, params = learner.get_params()
+    assert version == 0 and set(params) == {"kernel", "bias"}
+    params["kernel"][:] = 123.0  # a copy: the network is untouched
+    assert not np.any(learner.get_params()[1]["kernel"] == 123.0)
+    learner.train(batches[0])
+    assert learner.get_params()[0] == 1 == int(learner.step.numpy())
+
+
+def test_checkpoint_round_trip(batches, tmp_path):
+    learner = _tiny_learner(2)
+    learner.train(batches[0])
+    checkpoint = tf.train.Checkpoint(**learner.checkpoint_objects())
+    path = checkpoint.save(str(tmp_path / "ckpt"))
+    saved = learner.get_params()
+    learner.train(batches[1])
+    checkpoint.restore(path).assert_existing_objects_matched()
+    version, params = learner.get_params()
+    assert version == saved[0] == 1
+    for name in params:
+        np.testing.assert_array_equal(params[name], saved[1][name])
+    # Optimizer slots are restored too: the next step repeats exactly.
+    after_1 = (learner.train(batches[1]), learner.get_params()[1])
+    checkpoint.restore(path)
+    after_2 = (learner.train(batches[1]), learner.get_params()[1])
+    for name in params:
+        np.testing.assert_array_equal(after_1[1][name], after_2[1][name])
+
+
+def test_bad_batches_and_configs_are_sentences(batches):
+    learner = _tiny_learner(2)
+    bad = dict(batches[0])
+    del bad["reward"]
+    with pytest.raises(ValueError, match="the batch lacks 'reward'"):
+        learner.train(bad)
+    with pytest.raises(ValueError, match=r"batch\['reward'\] has dtype float64, but the learner step expects float32"):
+        learner.train({**batches[0], "reward": batches[0]["reward"].astype(np.float64)})
+    with pytest.raises(ValueError, match=r"has shape \[5, 4\], but the learner step expects \[5, 8\]"):
+        learner.train({**batches[0], "reward": batches[0]["reward"][:, :4]})
+    with pytest.raises(ValueError, match="batch size 6 is not divisible by the 4 replicas"):
+        LearnerStep(make_replicator("cpu", num_replicas=4), TinyNetwork, tiny_policy(), tiny_batch_spec(T, 6))
+    with pytest.raises(ValueError, match="learning_rate must be positive"):
+        OptimizerConfig(learning_rate=0.0)
+    with pytest.raises(ValueError, match="decay must lie in"):
+        OptimizerConfig(decay=1.0)
+    with pytest.raises(ValueError, match="clip_norm must be positive, or None"):
+        OptimizerConfig(clip_norm=0.0)
+    with pytest.raises(TypeError, match="anneal_steps must be an int or None"):
+        OptimizerConfig(anneal_steps=1.5)
+    with pytest.raises(ValueError, match="anneal_steps must be at least 1"):
+        OptimizerConfig(anneal_steps=0)
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        make_batch_spec({}, tiny_policy().action_spec, T, 0)
+
+
+# -- the real network ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("torso, lstm", [("shallow", None), ("deep", 8)])
+def test_impala_network_replicas_match_one_replica(torso, lstm):
+    """TFNetwork + impala_loss on small pixel batches (Gaussian policy): 2 replicas == 1 (and XLA)."""
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.specs import ArraySpec
+
+    obs = {"pixels": ArraySpec("pixels", (36, 36, 3), "uint8"), "velocity": ArraySpec("velocity", (2,), "float32")}
+    action = ArraySpec("action", (2,), "float32", minimum=-1.0, maximum=1.0)
+    config = NetworkConfig(torso=torso, hidden_size=16, mlp_sizes=(8,), lstm_size=lstm)
+    t, b = 3, 4
+    rng = np.random.default_rng(0)
+    results = []
+    for n, jit in ((1, False), (2, False), (2, True)):
+        learner = LearnerStep.from_config(make_replicator("cpu", num_replicas=n), config, obs, action, t, b, jit_compile=jit)
+        if not results:
+            initial = learner.get_params()[1]
+        else:
+            learner.set_params(initial)  # same start for every run
+        data = []
+        for _ in range(2):
+            batch = {}
+            for key, spec in learner.batch_spec.items():
+                if spec.dtype == "uint8" and key.startswith("observation/"):
+                    batch[key] = rng.integers(0, 256, size=spec.shape, dtype=np.uint8)
+                elif key == "step_type":
+                    batch[key] = rng.choice(np.array([0, 1, 2], np.uint8), size=spec.shape, p=[0.2, 0.6, 0.2])
+                elif key == "discount":
+                    batch[key] = np.ones(spec.shape, np.float32)
+                else:
+                    batch[key] = rng.normal(size=spec.shape).astype(np.float32) - (3.0 if key == "behaviour_log_prob" else 0.0)
+            data.append(batch)
+        if results:
+            data = results[0][2]
+        metrics = [learner.train(x) for x in data]
+        results.append((learner.get_params()[1], metrics, data))
+    base = results[0][0]
+    for params, metrics, _ in results[1:]:
+        for name in base:
+            np.testing.assert_allclose(params[name], base[name], rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(metrics[-1]["loss"], results[0][1][-1]["loss"], rtol=1e-4)
+    assert any(not np.allclose(base[n], initial[n]) for n in base)
+
+
+# -- two learner processes -------------------------------------------------------------------
+
+
+def _free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_multiworker_two_processes_end_with_identical_parameters(tmp_path, one_replica):
+    ports = ",".join(map(str, _free_ports(2)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "multiworker_worker.py"), "--ports", ports, "--index", str(i),
+             "--steps", str(K), "--unroll-length", str(T), "--batch-size", str(B), "--out", str(tmp_path / f"w{i}.npz")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )
+        for i in range(2)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=150)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-3000:]
+    w0, w1 = (np.load(tmp_path / f"w{i}.npz") for i in range(2))
+    assert int(w0["num_replicas"]) == 2 and int(w0["step"]) == int(w1["step"]) == K
+    _, (_, params_1), _ = one_replica
+    for name in ("kernel", "bias"):
+        np.testing.assert_array_equal(w0[name], w1[name])
+        # Two workers x B/2 each == one replica on the whole batch.
+        np.testing.assert_allclose(w0[name], params_1[name], rtol=RTOL, atol=ATOL, err_msg=name)
