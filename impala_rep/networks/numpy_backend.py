@@ -59,14 +59,14 @@ def init_params(plan, seed: int = 0) -> Dict[str, np.ndarray]:
 
 def _pad_same(x: np.ndarray, k: int, s: int, value: float) -> np.ndarray:
     """Pads [B, H, W, C] the way TF's SAME padding does (extra on the bottom/right)."""
-    _, h, w, _ = x.shape
+    b, h, w, c = x.shape
     ph = max((-(-h // s) - 1) * s + k - h, 0)
     pw = max((-(-w // s) - 1) * s + k - w, 0)
     if ph == 0 and pw == 0:
         return x
-    return np.pad(
-        x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0)), constant_values=value
-    )
+    out = np.full((b, h + ph, w + pw, c), value, dtype=x.dtype)
+    out[:, ph // 2 : ph // 2 + h, pw // 2 : pw // 2 + w] = x
+    return out
 
 
 def _windows(x: np.ndarray, k: int, s: int) -> np.ndarray:
@@ -130,9 +130,16 @@ def _conv_s2d(x: np.ndarray, big_kernel: np.ndarray, bias: np.ndarray, k: int, s
 
 
 def _max_pool_same(x: np.ndarray, k: int = 3, s: int = 2) -> np.ndarray:
+    """Max-pool with TF's SAME padding: the maximum of k*k strided slices."""
+    _, h, w, _ = x.shape
+    oh, ow = -(-h // s), -(-w // s)
     x = _pad_same(x, k, s, -np.inf)
-    win = _windows(np.ascontiguousarray(x), k, s)
-    return win.max(axis=(3, 4))
+    out = None
+    for i in range(k):
+        for j in range(k):
+            part = x[:, i : i + (oh - 1) * s + 1 : s, j : j + (ow - 1) * s + 1 : s]
+            out = part.copy() if out is None else np.maximum(out, part, out=out)
+    return out
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
