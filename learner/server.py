@@ -40,7 +40,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -157,6 +157,7 @@ class LearnerServer:
       max_streams: concurrent unroll streams served; more are refused with RESOURCE_EXHAUSTED
         (clients back off and retry). The thread pool has ``max_streams + 8`` threads so
         handshakes and parameter fetches are never starved by streams.
+      grpc_options: extra gRPC server options (appended, so they override the defaults).
     """
 
     def __init__(
@@ -175,6 +176,7 @@ class LearnerServer:
         tls_key_file: Optional[str] = None,
         max_message_bytes: Optional[int] = None,
         max_streams: int = 64,
+        grpc_options: Sequence[Tuple[str, Any]] = (),
     ):
         self.validator = UnrollValidator(unroll_spec, unroll_length, max_message_bytes)
         self.unroll_spec = self.validator.unroll_spec
@@ -206,6 +208,7 @@ class LearnerServer:
         if int(max_streams) < 1:
             raise ValueError(f"max_streams must be at least 1, got {max_streams}.")
         self.max_streams = int(max_streams)
+        self._grpc_options = list(grpc_options)
         self.server_id = uuid.uuid4().hex
         self.metrics = TransportMetrics(self.unroll_length)
         self._streams = 0
@@ -235,7 +238,10 @@ class LearnerServer:
             ("grpc.max_receive_message_length", 2 * self.validator.max_message_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
-        ]
+            # No BDP probing: otherwise HTTP/2 receive windows grow to many MiB per stream on
+            # loopback, and that much unread data waits in gRPC while the queue is full.
+            ("grpc.http2.bdp_probe", 0),
+        ] + self._grpc_options
         server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="learner-grpc"),
             options=options,

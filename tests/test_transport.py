@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
-from actors.client import LearnerClient, LearnerUnavailableError
+from actors.client import LearnerClient, LearnerUnavailableError, TransportError
 from learner.params import ParameterStore
 from learner.queue import UnrollQueue
 from learner.server import LearnerServer
@@ -131,6 +131,8 @@ def test_queue_bound_holds_under_a_flood_and_backpressure_blocks_clients():
                 client.send(u, policy_version=0, timeout=0.2)
             except TimeoutError:
                 timeouts.append(1)
+            except TransportError:  # closed by the test's clean-up
+                return
 
     threads = [threading.Thread(target=flood, args=(c, i)) for i, c in enumerate(clients)]
     try:
@@ -149,7 +151,8 @@ def test_queue_bound_holds_under_a_flood_and_backpressure_blocks_clients():
         # HTTP/2 windows (a few MiB per stream), not growing with time.
         time.sleep(0.5)
         assert sum(c.unrolls_sent for c in clients) - sent <= 8 * 2, "sends must stay blocked"
-        assert sent * unroll_bytes < 8 * 16 * 2**20, sent
+        print(f"flood: {sent} unrolls ({sent * unroll_bytes / 2**20:.1f} MiB) handed to gRPC by 8 clients")
+        assert sent * unroll_bytes < 8 * 4 * 2**20, sent
         # draining lets the traffic flow again
         drain = Drain(server.queue, keep=False)
         wait_for(lambda: server.metrics.unrolls_accepted > capacity + 20, 20, "traffic after draining")
