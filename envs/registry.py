@@ -18,7 +18,9 @@ Wrapper options :func:`make` accepts for every id (and does not pass to the fact
   ``time_limit`` (int steps: truncate episodes), ``observation_keys`` (list of keys to
   keep), ``discretize`` (int bins: continuous actions -> discrete, see
   :class:`envs.wrappers.DiscretizeActions`), ``clip_rewards`` (bool: clip to [-1, 1]).
-Every other keyword goes to the factory.
+Every other keyword goes to the factory. Built-ins that implement an option themselves get
+it instead: ``dmc/`` ids take ``action_repeat`` (repeating below the renderer, so frames
+are rendered once per agent step) and ``reach`` takes ``time_limit``.
 
 Usage::
 
@@ -40,6 +42,7 @@ import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import dm_env
+import numpy as np
 
 from envs import builtin, dmc
 from envs.errors import EnvError
@@ -77,7 +80,7 @@ class _Entry:
 
 _REGISTRY: Dict[str, _Entry] = {
     "catch": _Entry(builtin.Catch),
-    "reach": _Entry(builtin.Reach),
+    "reach": _Entry(builtin.Reach, frozenset({"time_limit"})),
 }
 
 
@@ -301,8 +304,10 @@ def make(env_id: str, seed: Optional[int] = None, **kwargs: Any) -> dm_env.Envir
     """
     if not isinstance(env_id, str) or not env_id.strip():
         raise EnvError(f"env id must be a non-empty string, got {env_id!r}.")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise EnvError(f"seed must be an integer or None, got {seed!r}.")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise EnvError(f"seed must be an integer or None, got {seed!r}.")
+        seed = int(seed)
     user = False
     if env_id.startswith("dmc/"):
         # The dmc factory repeats actions itself, below the renderer (one render per agent step).

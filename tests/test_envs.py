@@ -207,6 +207,9 @@ def test_render_presets():
         assert (shadowsize == 0) == (resolved == "fast")
         assert (env.physics.model.vis.quality.offsamples == 0) == (resolved == "fast")
     assert not np.array_equal(imgs["fast"], imgs["standard"])
+    # fast turns the skybox off: the background is black (the clear colour), standard has none.
+    assert (imgs["fast"].sum(-1) == 0).mean() > 0.2
+    assert (imgs["standard"].sum(-1) == 0).mean() == 0.0
     software = any(s in dmc.renderer_name().lower() for s in ("llvmpipe", "softpipe", "swrast", "osmesa"))
     expected = "fast" if software else "standard"
     np.testing.assert_array_equal(imgs["auto"], imgs[expected])

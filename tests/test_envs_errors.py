@@ -199,6 +199,12 @@ def test_bad_options(env_id, kwargs, needle):
 
 def test_bad_seed():
     env_error(envs.make, "catch", seed="1")
+    env_error(envs.make, "catch", seed=1.5)
+    import numpy as np
+
+    a = envs.make("catch", seed=np.int64(4)).reset().observation["observation"]
+    b = envs.make("catch", seed=4).reset().observation["observation"]
+    np.testing.assert_array_equal(a, b)
 
 
 # ----------------------------------------------------------------------------- OpenGL, import
