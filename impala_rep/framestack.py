@@ -109,21 +109,25 @@ def rebuild_stack(frames: np.ndarray, prefix: np.ndarray, step_type: np.ndarray)
         raise ValueError(
             f"frame prefix shape {prefix.shape} does not match frames shape {frames.shape}."
         )
-    seq = np.concatenate([prefix, frames], axis=0)  # [K-1+T+1, ...]
+    seq = np.concatenate([prefix, frames], axis=0)  # [K-1+T+1, (B,) H, W, C]
     batch_shape = step_type.shape[1:]
+    n = int(np.prod(batch_shape, dtype=np.int64))
+    seq = seq.reshape((seq.shape[0], n) + frames.shape[1 + len(batch_shape):])
     # Index (into seq) of the first step of the episode each step belongs to; steps before
     # any FIRST inside the unroll belong to an episode that started at or before the prefix.
-    first = step_type == STEP_FIRST
-    idx = np.arange(steps).reshape((steps,) + (1,) * len(batch_shape)) + (k - 1)
-    start = np.where(first, idx, 0)
-    start = np.maximum.accumulate(start, axis=0)
-    out = []
-    for j in range(k - 1, -1, -1):  # oldest frame first
-        src = np.maximum(idx - j, start)  # clamp to the episode's first frame
-        out.append(np.take_along_axis(seq, _expand(src, seq.ndim), axis=0))
-    stacked = np.stack(out, axis=-2)  # [T+1, (B,) H, W, K, C]
-    return np.ascontiguousarray(stacked.reshape(stacked.shape[:-2] + (-1,)))
-
-
-def _expand(index: np.ndarray, ndim: int) -> np.ndarray:
-    return index.reshape(index.shape + (1,) * (ndim - index.ndim))
+    idx = np.arange(steps)[:, None] + (k - 1)  # [T+1, 1]
+    first = step_type.reshape(steps, n) == STEP_FIRST
+    start = np.maximum.accumulate(np.where(first, idx, 0), axis=0)  # [T+1, N]
+    column = np.arange(n)[None, :]
+    c = seq.shape[-1]
+    out = np.empty((steps, n) + seq.shape[2:-1] + (c * k,), dtype=seq.dtype)
+    # Copy whole pixels (C channels as one opaque element) rather than single channels, and
+    # gather whole frames by indexing the two leading axes: an index broadcast to every
+    # pixel (take_along_axis) is about 20x slower for 32 x 21 frames of 84x84x3.
+    pixel = np.dtype((np.void, c * seq.dtype.itemsize))
+    seq_px = np.ascontiguousarray(seq).view(pixel)[..., 0]  # [K-1+T+1, N, H, W]
+    out_px = out.view(pixel)  # [T+1, N, H, W, K]
+    for j in range(k):  # oldest frame first
+        src = np.maximum(idx - (k - 1 - j), start)  # clamp to the episode's first frame
+        out_px[..., j] = seq_px[src, column]
+    return out.reshape(frames.shape[:-1] + (c * k,))
