@@ -17,7 +17,7 @@ naming the Debian packages to install.
     concatenated in the suite's order.
 
 **Render presets.** ``standard`` is dm_control's published look. ``fast`` sets
-``pass`` and ``offsamples = 0`` before the first render and
+``model.vis.quality.shadowsize = 0`` and ``offsamples = 0`` before the first render and
 turns the shadow, reflection and skybox scene flags off: about 20x faster on a software
 renderer. ``auto`` (default) picks ``fast`` on a software renderer (llvmpipe, softpipe,
 swrast, OSMesa) and ``standard`` on a GPU.
