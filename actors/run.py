@@ -9,8 +9,9 @@ Never imports TensorFlow.
 
 import os
 
-# Entry point: one BLAS/OpenMP thread per actor process, set before NumPy loads.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+# Entry point: one BLAS/OpenMP thread and one llvmpipe render thread per actor process,
+# set before NumPy or Mesa load.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402

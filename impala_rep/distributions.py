@@ -45,6 +45,7 @@ __all__ = [
     "CategoricalPolicy",
     "GaussianPolicy",
     "DiscretisedPolicy",
+    "MultiCategoricalPolicy",
     "make_policy",
     "LOG_STD_MIN",
     "LOG_STD_MAX",
@@ -223,6 +224,31 @@ class DiscretisedPolicy(Policy):
         return tf.reduce_sum(CategoricalPolicy.entropy_tf(self, params), axis=-1)
 
 
+class MultiCategoricalPolicy(DiscretisedPolicy):
+    """Factorised categorical over an integer action array ``[A...]`` with ``num_values`` each
+    (e.g. ``envs.wrappers.DiscretizeActions`` over several dimensions): the env gets the
+    chosen indices themselves."""
+
+    kind = "categorical"
+
+    def __init__(self, env_action_spec: ArraySpec):
+        if env_action_spec.num_values is None or not env_action_spec.shape:
+            raise ValueError(
+                f"the multi-categorical policy needs a discrete action array (num_values set, shape [A]), "
+                f"got shape {env_action_spec.shape} with num_values={env_action_spec.num_values}."
+            )
+        self.env_action_spec = env_action_spec
+        self.bins = int(env_action_spec.num_values)
+        self.num_dims = int(math.prod(env_action_spec.shape))
+        a = self.num_dims
+        self.action_spec = ArraySpec("action", (a,), "int32", minimum=0, maximum=self.bins - 1, num_values=self.bins)
+        self.param_shapes = {"logits": (a, self.bins)}
+
+    def to_env_action(self, action):
+        action = np.asarray(action)
+        return action.reshape(action.shape[:-1] + self.env_action_spec.shape).astype(self.env_action_spec.dtype)
+
+
 class GaussianPolicy(Policy):
     """Diagonal Gaussian with state-dependent mean and (soft-clamped) log standard deviation."""
 
@@ -349,6 +375,8 @@ def make_policy(action_spec: Any, config: Any = None) -> Policy:
                 "(num_values set) nor floating-point; set NetworkConfig.policy explicitly."
             )
     if kind == "categorical":
+        if action_spec.shape != () and action_spec.num_values is not None:
+            return MultiCategoricalPolicy(action_spec)
         return CategoricalPolicy(action_spec)
     if kind == "gaussian":
         return GaussianPolicy(action_spec)

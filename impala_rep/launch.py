@@ -46,9 +46,9 @@ def actor_commands(address: str, envs_per_process: List[int], seed: int, token_e
 
 
 def actor_environment(token: Optional[str]) -> dict:
-    """Environment of actor processes: one BLAS thread each, a rendering backend, the token."""
+    """Environment of actor processes: one BLAS and one llvmpipe thread each, EGL, the token."""
     env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
         env[var] = "1"
     env.setdefault("MUJOCO_GL", "egl")
     if token:

@@ -148,3 +148,15 @@ def test_actor_rejects_bad_arguments():
     net = NumpyNetwork(config, spec.observations, spec.action)
     with pytest.raises(ValueError, match="unroll_length"):
         Actor([env], net, make_policy(spec.action, config), 0, {}, sink=print)
+
+
+def test_multi_dimensional_discrete_actions_get_a_factorised_categorical_policy():
+    T, E = 4, 2
+    actor, out, uspec, _, _ = make_actor("reach", E, T, dim=2, discretize=5)
+    assert actor._policy.kind == "categorical"
+    assert uspec["action"].shape == (T + 1, 2) and uspec["action"].num_values == 5
+    actor.run(max_steps=E * (T + 1))
+    for u in out:
+        validate_array(uspec["action"], u.tensors["action"])
+    env_action = actor._policy.to_env_action(np.array([[0, 4]], np.int32))
+    np.testing.assert_array_equal(env_action, [[0, 4]])

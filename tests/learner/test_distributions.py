@@ -179,3 +179,21 @@ def test_gaussian_log_std_head_is_a_smooth_clamp():
     assert np.all(np.diff(log_std[inner]) > 0)  # strictly increasing: no dead gradient inside
     mid = policy.params_from_head_np({"mean": raw, "log_std": np.zeros(1, np.float32)})["log_std"]
     assert -0.5 < mid[0] < 0.0  # std near 1 at initialisation
+
+
+def test_multi_categorical_log_prob_and_entropy_are_sums_over_dimensions():
+    from impala_rep.distributions import MultiCategoricalPolicy
+    from impala_rep.specs import ArraySpec
+
+    spec = ArraySpec("action", (3,), "int32", minimum=0, maximum=3, num_values=4)
+    policy = make_policy(spec)
+    assert isinstance(policy, MultiCategoricalPolicy) and policy.param_shapes == {"logits": (3, 4)}
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(5, 3, 4)).astype(np.float32)
+    action = rng.integers(0, 4, size=(5, 3)).astype(np.int32)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected = np.take_along_axis(logp, action[..., None], -1)[..., 0].sum(-1)
+    np.testing.assert_allclose(policy.log_prob_tf({"logits": logits}, action).numpy(), expected, rtol=1e-5)
+    np.testing.assert_allclose(policy.log_prob_np({"logits": logits}, action), expected, rtol=1e-5)
+    entropy = -(np.exp(logp) * logp).sum(-1).sum(-1)
+    np.testing.assert_allclose(policy.entropy_tf({"logits": logits}).numpy(), entropy, rtol=1e-5)
