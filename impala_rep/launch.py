@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     log.info("plan: %s", plan.describe())
 
     # The learner gets the cores the actor processes leave (at least one).
-    configure_threads(max(1, available_cores() - plan.processes))
+    configure_threads(int(os.environ.get("IMPALA_REP_LEARNER_THREADS", max(1, available_cores() - plan.processes))))
     from impala_rep.replicator import ReplicatorError
     from actors.supervisor import ActorSupervisor
     from learner.run import Trainer

@@ -139,6 +139,9 @@ class Trainer:
         self._metrics_file = open(os.path.join(config.logdir, "metrics.jsonl"), "a")
         self._last_checkpoint = time.monotonic()
         self.last_metrics: Dict[str, float] = {}
+        # Seconds of the current progress window spent waiting for a batch (queue and
+        # batching), in the learner step, and publishing parameters.
+        self._timing: Dict[str, float] = collections.defaultdict(float)
 
     # ------------------------------------------------------------------ specs
 
@@ -231,15 +234,23 @@ class Trainer:
                 break
             if on_tick is not None:
                 extra = on_tick() or {}
+            t0 = time.perf_counter()
             try:
                 batch = self.batcher.next_batch(timeout=1.0)
             except TimeoutError:
+                self._timing["wait_batch"] += time.perf_counter() - t0
                 continue
             except QueueClosed:
                 break
+            t1 = time.perf_counter()
             metrics = self.step.train(batch.tensors)
+            t2 = time.perf_counter()
             self.agent_steps.assign_add(frames_per_batch)
             version = self.params.publish(self.step.get_params()[1], version=self.learner_step + 1)
+            t3 = time.perf_counter()
+            self._timing["wait_batch"] += t1 - t0
+            self._timing["train"] += t2 - t1
+            self._timing["publish"] += t3 - t2
             lag = policy_lag(batch.tensors["policy_version"], version - 1)
             self._returns.extend(float(r) for r in batch.episode_returns)
             now = time.monotonic()
@@ -274,6 +285,9 @@ class Trainer:
         for k, v in self.server.snapshot_metrics().items():
             record[f"transport/{k}"] = float(v)
         record.update({k: float(v) for k, v in extra.items()})
+        window = sum(self._timing.values()) or 1.0
+        record.update({f"time_share/{k}": v / window for k, v in self._timing.items()})
+        self._timing.clear()
         self.last_metrics = record
         self._metrics_file.write(json.dumps(record) + "\n")
         self._metrics_file.flush()

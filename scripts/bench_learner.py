@@ -27,14 +27,15 @@ def run_one(args) -> dict:
     sys.path.insert(0, str(REPO))
     from impala_rep.replicator import make_replicator
 
-    torso, replicas = args.torso[0], args.replicas[0]
-    replicator = make_replicator(args.kind, num_replicas=None if args.kind == "gpu" and replicas == 0 else replicas)
     import numpy as np
     import tensorflow as tf
 
+    # Thread pools must be sized before TensorFlow initialises (make_replicator does).
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    torso, replicas = args.torso[0], args.replicas[0]
+    replicator = make_replicator(args.kind, num_replicas=None if args.kind == "gpu" and replicas == 0 else replicas)
 
     from impala_rep.networks import NetworkConfig
     from impala_rep.specs import ArraySpec
