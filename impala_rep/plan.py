@@ -1,7 +1,7 @@
 """How many actor processes, and how many envs each: chosen from the cores and memory seen.
 
 TensorFlow-free. Figures measured on a 2-core, 24 GiB machine (DESIGN.md and
-``scripts/bench_memory.py``): an actor process with NumPy, dm_control and gRPC is about
+``scripts/bench_launch.py``): an actor process with NumPy, dm_control and gRPC is about
 210 MB resident before its envs; each rendered 84x84 DM Control env adds about 45 MB with
 the ``fast`` render preset and about 80 MB with ``standard`` (MuJoCo's offscreen buffers:
 the 2048-texel shadow map and multisampling); a TensorFlow learner is about 1.2 GB.
