@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import dm_env

@@ -13,8 +13,6 @@ import argparse
 import logging
 import os
 import sys
-import threading
-import time
 from typing import List, Optional
 
 __all__ = ["main", "build_parser", "actor_commands"]
@@ -59,7 +57,7 @@ def actor_environment(token: Optional[str]) -> dict:
 def main(argv=None) -> int:
     from impala_rep.plan import PlanError, available_cores, plan_actors
     from impala_rep.probe import probe_env_spec
-    from learner.run import configure_logging, configure_threads, install_stop_handlers
+    from learner.run import configure_logging, configure_threads
 
     configure_logging()
     parser = build_parser()
@@ -76,20 +74,14 @@ def main(argv=None) -> int:
 
     # The learner gets the cores the actor processes leave (at least one).
     configure_threads(int(os.environ.get("IMPALA_REP_LEARNER_THREADS", max(1, available_cores() - plan.processes))))
-    from impala_rep.replicator import ReplicatorError
     from actors.supervisor import ActorSupervisor
-    from learner.run import Trainer
+    from learner.run import start_trainer
 
-    stop = threading.Event()
-    install_stop_handlers(stop)
-    try:
-        trainer = Trainer(config, env_spec)
-    except (ReplicatorError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    trainer, stop = start_trainer(config, env_spec)
+    if trainer is None:
         return 2
-    address = trainer.start()
     supervisor = ActorSupervisor(
-        actor_commands(address, plan.envs_per_process, config.seed, bool(config.token), config.tls_cert),
+        actor_commands(trainer.server.address, plan.envs_per_process, config.seed, bool(config.token), config.tls_cert),
         log_dir=os.path.join(config.logdir, "actors"),
         max_restarts=config.max_actor_restarts,
         env=actor_environment(config.token),

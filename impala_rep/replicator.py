@@ -49,7 +49,6 @@ This module imports TensorFlow lazily (inside functions): importing it configure
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket

@@ -30,7 +30,7 @@ import numpy as np
 from impala_rep.config import RunConfig, actor_view, frame_stack_keys
 from impala_rep.specs import ArraySpec, EnvSpec, stacked_observation_specs, unroll_spec
 
-__all__ = ["Trainer", "main"]
+__all__ = ["Trainer", "main", "start_trainer"]
 
 log = logging.getLogger("impala_rep.learner")
 
@@ -218,8 +218,6 @@ class Trainer:
         max_learner_steps: Optional[int] = None,
     ) -> Dict[str, float]:
         """Trains until the budget, ``stop``, or ``max_learner_steps`` more steps."""
-        import tensorflow as tf
-
         from learner.batcher import policy_lag
         from learner.queue import QueueClosed
 
@@ -337,6 +335,25 @@ def install_stop_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def start_trainer(config: RunConfig, env_spec: EnvSpec):
+    """Entry points: installs Ctrl-C/SIGTERM handlers, builds the Trainer and starts serving.
+
+    Returns ``(trainer, stop_event)``; ``trainer`` is None after printing the sentence of a
+    configuration error (no TPU, no GPU, indivisible batch, ...).
+    """
+    from impala_rep.replicator import ReplicatorError
+
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    try:
+        trainer = Trainer(config, env_spec)
+    except (ReplicatorError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, stop
+    trainer.start()
+    return trainer, stop
+
+
 def main(argv=None) -> int:
     from impala_rep.flags import add_learner_flags, config_from_args
     from impala_rep.probe import probe_env_spec
@@ -353,17 +370,10 @@ def main(argv=None) -> int:
         env_spec = probe_env_spec(config.env, config.env_kwargs)
     except ValueError as exc:
         parser.error(str(exc))
-    from impala_rep.replicator import ReplicatorError
-
-    stop = threading.Event()
-    install_stop_handlers(stop)
-    try:
-        trainer = Trainer(config, env_spec)
-    except (ReplicatorError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    trainer, stop = start_trainer(config, env_spec)
+    if trainer is None:
         return 2
-    address = trainer.start()
-    print(f"learner listening on {address}", flush=True)
+    print(f"learner listening on {trainer.server.address}", flush=True)
     try:
         trainer.train(stop)
     finally:

@@ -21,7 +21,7 @@ Usage on an actor::
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
