@@ -1,0 +1,642 @@
+#!/usr/bin/env python
+"""Throughput benchmark: the ceiling pieces in isolation, the end-to-end rate, and their ratio.
+
+Two workloads, both with the shallow IMPALA network, unroll length T=20, batch B=32 and
+3 stacked frames (the launcher's defaults):
+
+* ``synthetic``: a constant 84x84x3 uint8 observation under ``pixels``, one continuous
+  action in [-1, 1], reward 0, episodes truncated after 1000 steps, no env cost (the
+  factory :func:`synthetic_env` in this file, loaded as ``benchmark:synthetic_env`` with
+  ``scripts/`` on ``PYTHONPATH``);
+* ``dmc/cartpole-swingup``: 84x84 pixels, action repeat 4, ``render=fast``.
+
+For each workload it measures:
+
+1. The ceiling pieces, each in its own process on one thread:
+   * ``env``: bare env agent steps/s (one env, uniformly random actions, episodes reset
+     inside the timed loop);
+   * ``inference``: policy inference agent steps/s, i.e. ``NumpyNetwork.step`` plus
+     ``policy.sample_np`` on a batch the size of one actor process's envs, times the batch;
+   * ``learner``: learner frames/s (= agent steps trained on per second; one frame is one
+     of the T x B transitions of a batch) of the replicated V-trace step on one CPU replica
+     with one TensorFlow thread, through ``scripts/bench_learner.py``.
+2. The end-to-end rate: agent steps per second *trained on by the learner* through the real
+   launcher (``python -m impala_rep.launch`` with real actor processes and gRPC on
+   127.0.0.1, a temporary ``--logdir``). The rate is read from the run's ``metrics.jsonl``
+   (``agent_steps`` = learner steps x T x B): the window opens at the first record written
+   ``--warmup`` seconds after the first learner step, and closes at the first record
+   ``--seconds`` later; rate = difference of ``agent_steps`` / difference of ``time``.
+3. The ratio of (2) to the ceiling (1) implies for the cores used.
+
+The ceiling. Every agent step costs core-seconds in three places: the actor steps the env
+(``1 / env_rate``) and runs the policy (``1 / inference_rate``), and the learner trains on
+it (``1 / learner_rate``, measured on one core). With ``C`` cores shared by actors and
+learner and nothing else to pay for (no transport, no serialisation, no frame stacking,
+no idle time), the most agent steps per second they can sustain is::
+
+    ceiling(C) = C / (1 / env_rate + 1 / inference_rate + 1 / learner_rate_per_core)
+
+It assumes work can be split over cores freely and the learner scales linearly with cores,
+so it is an upper bound: the end-to-end rate divided by it is the share of the machine's
+work the real pipeline turns into training.
+
+Usage (from the repo root)::
+
+    .venv/bin/python scripts/benchmark.py --json > bench.json
+    .venv/bin/python scripts/benchmark.py --workloads synthetic --actors 32 --seconds 60 --warmup 30
+    .venv/bin/python scripts/benchmark.py --parts ceiling --piece-seconds 5   # the pieces only
+
+Every subprocess is bounded by a timeout; the learner listens on loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent
+
+UNROLL_LENGTH = 20
+BATCH_SIZE = 32
+FRAME_STACK = 3
+NETWORK = "shallow"
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    env_id: str
+    env_kwargs: Mapping[str, Any]
+
+    def env_args(self) -> List[str]:
+        """The workload's env kwargs as repeated ``--env-arg key=value`` values."""
+        return [f"{k}={json.dumps(v)}" for k, v in sorted(self.env_kwargs.items())]
+
+
+WORKLOADS: Dict[str, Workload] = {
+    "synthetic": Workload("synthetic", "benchmark:synthetic_env", {}),
+    "dmc/cartpole-swingup": Workload(
+        "dmc/cartpole-swingup", "dmc/cartpole-swingup", {"size": 84, "action_repeat": 4, "render": "fast"}
+    ),
+}
+
+
+# --------------------------------------------------------------------------- synthetic env
+
+
+@functools.lru_cache(maxsize=None)
+def _synthetic_env_class():
+    import dm_env
+    import numpy as np
+    from dm_env import specs
+
+    class SyntheticEnv(dm_env.Environment):
+        """Constant ``pixels`` [size, size, 3] uint8, one continuous action, reward 0.
+
+        Episodes are truncated (discount kept) after ``episode_length`` steps, as DM Control
+        episodes are. Stepping costs nothing but the ``dm_env.TimeStep`` it returns: the
+        observation is one shared read-only array.
+        """
+
+        def __init__(self, size: int = 84, episode_length: int = 1000, seed: Optional[int] = None):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"size must be a positive integer, got {size!r}.")
+            if isinstance(episode_length, bool) or not isinstance(episode_length, int) or episode_length < 1:
+                raise ValueError(f"episode_length must be a positive integer, got {episode_length!r}.")
+            value = int(np.random.default_rng(seed).integers(256))
+            self._pixels = np.full((size, size, 3), value, np.uint8)
+            self._pixels.setflags(write=False)
+            self._obs = {"pixels": self._pixels}
+            self._length = episode_length
+            self._t = 0
+
+        def observation_spec(self):
+            return {"pixels": specs.Array(self._pixels.shape, np.uint8, name="pixels")}
+
+        def action_spec(self):
+            return specs.BoundedArray((1,), np.float32, -1.0, 1.0, name="action")
+
+        def reset(self):
+            self._t = 0
+            return dm_env.restart(self._obs)
+
+        def step(self, action):
+            if self._t >= self._length:
+                return self.reset()
+            self._t += 1
+            if self._t >= self._length:
+                return dm_env.truncation(0.0, self._obs)
+            return dm_env.transition(0.0, self._obs)
+
+    return SyntheticEnv
+
+
+def synthetic_env(size: int = 84, episode_length: int = 1000, seed: Optional[int] = None):
+    """Env factory of the ``synthetic`` workload (env id ``benchmark:synthetic_env``)."""
+    return _synthetic_env_class()(size=size, episode_length=episode_length, seed=seed)
+
+
+# --------------------------------------------------------------------------- pure functions
+
+
+def ceiling_agent_steps_per_s(env_rate: float, inference_rate: float, learner_rate_per_core: float, cores: float) -> float:
+    """``cores / (1/env_rate + 1/inference_rate + 1/learner_rate_per_core)`` (see module docstring).
+
+    Rates are agent steps per second on one core; raises ``ValueError`` unless every rate is a
+    positive finite number and ``cores`` is positive.
+    """
+    for name, value in (("env_rate", env_rate), ("inference_rate", inference_rate),
+                        ("learner_rate_per_core", learner_rate_per_core), ("cores", cores)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
+    return cores / (1.0 / env_rate + 1.0 / inference_rate + 1.0 / learner_rate_per_core)
+
+
+def cost_shares(env_rate: float, inference_rate: float, learner_rate_per_core: float) -> Dict[str, float]:
+    """Each piece's share of the core-seconds one agent step costs (they sum to 1)."""
+    costs = {"env": 1.0 / env_rate, "inference": 1.0 / inference_rate, "learner": 1.0 / learner_rate_per_core}
+    total = sum(costs.values())
+    return {k: v / total for k, v in costs.items()}
+
+
+def envs_per_process(actors: int, actor_processes: int) -> int:
+    """The largest number of envs one actor process hosts (the launcher splits evenly)."""
+    return -(-actors // actor_processes)
+
+
+def read_metrics(path: Path) -> List[Dict[str, Any]]:
+    """The complete JSON records of a ``metrics.jsonl`` (a half-written last line is skipped)."""
+    records = []
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return records
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # being written right now
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def select_window(records: Sequence[Mapping[str, Any]], warmup: float, seconds: float) -> Optional[Dict[str, Any]]:
+    """The measurement window of a run's metrics records, or ``None`` while it is incomplete.
+
+    ``t0`` is the time of the first record after a learner step; the window opens at the
+    first record at least ``warmup`` seconds after ``t0`` and closes at the first record at
+    least ``seconds`` after that. Returns the rates over the window (agent steps trained on
+    per second, learner steps per second) and window means of a few diagnostics.
+    """
+    trained = [r for r in records if r.get("learner_step", 0) > 0 and "time" in r and "agent_steps" in r]
+    if not trained:
+        return None
+    t0 = trained[0]["time"]
+    start = next((r for r in trained if r["time"] >= t0 + warmup), None)
+    if start is None:
+        return None
+    end = next((r for r in trained if r["time"] >= start["time"] + seconds), None)
+    if end is None:
+        return None
+    elapsed = end["time"] - start["time"]
+    inside = [r for r in trained if start["time"] < r["time"] <= end["time"]]
+
+    def mean(key):
+        values = [r[key] for r in inside if isinstance(r.get(key), (int, float))]
+        return sum(values) / len(values) if values else None
+
+    agent = end["agent_steps"] - start["agent_steps"]
+    window = {
+        "agent_steps_per_s": agent / elapsed,
+        "learner_steps_per_s": (end["learner_step"] - start["learner_step"]) / elapsed,
+        "env_frames_per_s": (end.get("env_frames", end["agent_steps"]) - start.get("env_frames", start["agent_steps"])) / elapsed,
+        "window_seconds": elapsed,
+        "window_agent_steps": agent,
+        "warmup_seconds": start["time"] - t0,
+    }
+    for key in ("queue_fill", "policy_lag_mean", "time_share/wait_batch", "time_share/train", "time_share/publish",
+                "transport/megabytes_per_second"):
+        value = mean(key)
+        if value is not None:
+            window[key] = value
+    return window
+
+
+# --------------------------------------------------------------------------- the pieces
+
+
+def _env(threads_one: bool = True) -> Dict[str, str]:
+    env = dict(os.environ)
+    if threads_one:
+        for var in THREAD_VARS:
+            env[var] = "1"
+    env.setdefault("MUJOCO_GL", "egl")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def _child_env_rate(workload: Workload, seconds: float) -> Dict[str, Any]:
+    import numpy as np
+
+    import envs
+
+    env = envs.make(workload.env_id, seed=0, **workload.env_kwargs)
+    spec = env.action_spec()
+    rng = np.random.default_rng(0)
+    lo = np.broadcast_to(spec.minimum, spec.shape)
+    hi = np.broadcast_to(spec.maximum, spec.shape)
+    actions = rng.uniform(lo, hi, size=(256,) + spec.shape).astype(spec.dtype)
+    env.reset()
+    for i in range(10):  # warm-up (first renders)
+        env.step(actions[i])
+    env.reset()
+    steps, start = 0, time.perf_counter()
+    deadline = start + seconds
+    while True:
+        if env.step(actions[steps & 255]).last():
+            env.reset()
+        steps += 1
+        if (steps & 15) == 0 and time.perf_counter() >= deadline:
+            break
+    elapsed = time.perf_counter() - start
+    out = {"agent_steps_per_s": steps / elapsed, "agent_steps": steps, "seconds": elapsed}
+    if workload.env_id.startswith("dmc/"):
+        from envs import dmc
+
+        out["renderer"] = dmc.renderer_name()
+        out["render"] = getattr(env, "render_preset", workload.env_kwargs.get("render"))
+    close = getattr(env, "close", None)
+    if close is not None:
+        close()
+    return out
+
+
+def _child_inference_rate(workload: Workload, seconds: float, batch: int) -> Dict[str, Any]:
+    import numpy as np
+
+    import envs
+    from impala_rep.config import frame_stack_keys
+    from impala_rep.distributions import make_policy
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.networks.numpy_backend import NumpyNetwork
+    from impala_rep.specs import env_spec_from_dm_env, stacked_observation_specs
+
+    env = envs.make(workload.env_id, seed=0, **workload.env_kwargs)
+    env_spec = env_spec_from_dm_env(env)
+    close = getattr(env, "close", None)
+    if close is not None:
+        close()
+    config = NetworkConfig(torso=NETWORK)
+    obs_specs = stacked_observation_specs(env_spec.observations, frame_stack_keys(env_spec.observations, FRAME_STACK))
+    network = NumpyNetwork(config, obs_specs, env_spec.action)
+    policy = make_policy(env_spec.action, config)
+    rng = np.random.default_rng(0)
+    obs = {}
+    for key, spec in obs_specs.items():
+        shape = (batch,) + tuple(spec.shape)
+        if np.dtype(spec.dtype) == np.uint8:
+            obs[key] = rng.integers(0, 256, size=shape, dtype=np.uint8)
+        else:
+            obs[key] = rng.normal(size=shape).astype(spec.dtype)
+    state = network.initial_state(batch)
+    first = np.zeros(batch, bool)
+    for _ in range(5):  # warm-up
+        params, _, state = network.step(obs, state, first)
+        policy.sample_np(params, rng)
+    calls, start = 0, time.perf_counter()
+    deadline = start + seconds
+    while calls < 5 or time.perf_counter() < deadline:
+        params, _, state = network.step(obs, state, first)
+        policy.sample_np(params, rng)
+        calls += 1
+    elapsed = time.perf_counter() - start
+    return {"agent_steps_per_s": batch * calls / elapsed, "batch": batch, "calls": calls,
+            "ms_per_call": 1e3 * elapsed / calls, "seconds": elapsed}
+
+
+def _run_child(args: List[str], timeout: float) -> Dict[str, Any]:
+    """Runs this script as a one-thread TF-free child and returns its ``RESULT`` record."""
+    cmd = [sys.executable, str(Path(__file__).resolve())] + args
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=str(REPO))
+    except subprocess.TimeoutExpired:
+        return {"error": f"{' '.join(args[:2])} did not finish within {timeout:.0f} s; raise --timeout or lower --piece-seconds."}
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no output"
+        return {"error": f"{' '.join(args[:2])} failed (exit code {proc.returncode}): {tail}"}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def measure_learner(seconds: float, timeout: float) -> Dict[str, Any]:
+    """Learner frames/s on one CPU replica and one TensorFlow thread (scripts/bench_learner.py)."""
+    cmd = [sys.executable, str(SCRIPTS / "bench_learner.py"), "--torso", NETWORK, "--replicas", "1", "--kind", "cpu",
+           "--threads", "1", "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE),
+           "--seconds", str(seconds), "--max-steps", "100000", "--warmup-seconds", str(max(2.0, seconds / 3)),
+           "--timeout", str(timeout), "--json"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=_env(), cwd=str(REPO))
+    except subprocess.TimeoutExpired:
+        return {"error": f"scripts/bench_learner.py did not finish within {timeout + 30:.0f} s; raise --timeout."}
+    try:
+        results = json.loads(proc.stdout)
+        result = results[0]
+    except (ValueError, IndexError, KeyError):
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no output"
+        return {"error": f"scripts/bench_learner.py failed (exit code {proc.returncode}): {tail}"}
+    if "error" in result:
+        return {"error": f"scripts/bench_learner.py: {result['error']}"}
+    return {"agent_steps_per_s": result["frames_per_s"], "step_ms": result["step_ms"], "steps": result["steps"],
+            "threads": 1, "note": "frames = T x B transitions per learner step = agent steps trained on"}
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def _descendants(pid: int) -> List[int]:
+    """PIDs of the processes below ``pid`` (from /proc; empty where /proc is missing)."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _stop_launch(proc: subprocess.Popen, timeout: float) -> Optional[int]:
+    """SIGTERM (clean stop: final checkpoint, actors stopped); SIGKILL the tree after ``timeout``."""
+    if proc.poll() is not None:
+        return proc.returncode
+    tree = _descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid] + tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait(timeout=10)
+        return None
+
+
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "no log"
+
+
+def measure_end_to_end(workload: Workload, args) -> Dict[str, Any]:
+    """Agent steps/s trained on through ``python -m impala_rep.launch`` (see module docstring)."""
+    logdir = Path(tempfile.mkdtemp(prefix="impala_bench_"))
+    cmd = [sys.executable, "-m", "impala_rep.launch", "--env", workload.env_id,
+           "--actors", str(args.actors), "--learner", "cpu", "--network", NETWORK,
+           "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE), "--frame-stack", str(FRAME_STACK),
+           "--total-steps", str(10 ** 12), "--no-anneal", "--no-resume", "--logdir", str(logdir / "run"),
+           "--log-interval", str(args.log_interval), "--checkpoint-interval", str(10 ** 7), "--bind", "127.0.0.1"]
+    for item in workload.env_args():
+        cmd += ["--env-arg", item]
+    if args.actor_processes:
+        cmd += ["--actor-processes", str(args.actor_processes)]
+    env = _env(threads_one=False)  # the launcher sets the actors' and the learner's thread budgets itself
+    log_path = logdir / "launch.log"
+    started, started_wall = time.monotonic(), time.time()
+    result: Dict[str, Any] = {"actors": args.actors, "actor_processes": args.actor_processes or "launcher's choice",
+                              "command": " ".join(cmd[1:]), "logdir": str(logdir / "run")}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
+                                start_new_session=True)
+        try:
+            deadline = started + args.startup_timeout + args.warmup + args.seconds + 10 * args.log_interval
+            window = None
+            while window is None:
+                time.sleep(0.5)
+                records = read_metrics(logdir / "run" / "metrics.jsonl")
+                window = select_window(records, args.warmup, args.seconds)
+                if proc.poll() is not None:
+                    result["error"] = (f"the launcher exited with code {proc.returncode} before the window closed; "
+                                       f"its log ends: {_log_tail(log_path)}")
+                    break
+                if time.monotonic() > deadline:
+                    trained = any(r.get("learner_step", 0) > 0 for r in records)
+                    result["error"] = (
+                        f"no complete window within {deadline - started:.0f} s "
+                        + ("(training started; raise --startup-timeout or shorten --warmup/--seconds)"
+                           if trained else "(no learner step yet; raise --startup-timeout)")
+                        + f"; the launcher's log ends: {_log_tail(log_path)}"
+                    )
+                    break
+            if window is not None:
+                result.update(window)
+                first = next(r for r in records if r.get("learner_step", 0) > 0)
+                result["first_record_after_s"] = first["time"] - started_wall
+                plan = [l for l in log_path.read_text(errors="replace").splitlines() if "plan:" in l]
+                if plan:
+                    result["plan"] = plan[-1].split("plan:", 1)[1].strip()
+        finally:
+            code = _stop_launch(proc, args.stop_timeout)
+            if code is None:
+                result["stop"] = f"killed after not stopping within {args.stop_timeout:.0f} s of SIGTERM"
+    if args.keep_logdir:
+        result["kept_logdir"] = str(logdir)
+    else:
+        shutil.rmtree(logdir, ignore_errors=True)
+        result.pop("logdir", None)
+    return result
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def machine_info() -> Dict[str, Any]:
+    info: Dict[str, Any] = {"cores": available_cores(), "python": platform.python_version(),
+                            "platform": platform.platform()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), None)
+        if model:
+            info["cpu"] = model
+        with open("/proc/meminfo") as f:
+            total = next((int(l.split()[1]) for l in f if l.startswith("MemTotal:")), None)
+        if total:
+            info["memory_gib"] = round(total / 2 ** 20, 1)
+    except OSError:
+        pass
+    return info
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), metavar="WORKLOAD",
+                        help=f"which workloads (default all): {', '.join(WORKLOADS)}")
+    parser.add_argument("--parts", nargs="+", default=["ceiling", "e2e"], choices=["ceiling", "e2e"],
+                        help="ceiling: the pieces in isolation; e2e: the launcher end to end (default both)")
+    parser.add_argument("--actors", type=int, default=32, help="envs acting at once in the end-to-end run (default 32)")
+    parser.add_argument("--actor-processes", type=int, default=None,
+                        help="actor processes in the end-to-end run (default: the launcher's choice, one per core)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="end-to-end measurement window (default 60)")
+    parser.add_argument("--warmup", type=float, default=30.0,
+                        help="seconds after the first learner step before the window opens (default 30)")
+    parser.add_argument("--piece-seconds", type=float, default=10.0, help="measurement time of each ceiling piece (default 10)")
+    parser.add_argument("--cores", type=float, default=None,
+                        help="cores the ceiling is computed for (default: the cores this process may use)")
+    parser.add_argument("--log-interval", type=float, default=1.0, help="the run's metrics interval in seconds (default 1)")
+    parser.add_argument("--startup-timeout", type=float, default=300.0,
+                        help="seconds allowed until the first learner step (default 300)")
+    parser.add_argument("--stop-timeout", type=float, default=60.0, help="seconds allowed for a clean stop (default 60)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="limit for each ceiling-piece subprocess (default 300)")
+    parser.add_argument("--keep-logdir", action="store_true", help="keep the end-to-end run's temporary directory")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    parser.add_argument("--child", choices=["env", "inference"], help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}.")
+    if args.actors < 1:
+        parser.error(f"--actors must be at least 1, got {args.actors}.")
+    if args.actor_processes is not None and not 1 <= args.actor_processes <= args.actors:
+        parser.error(f"--actor-processes must be between 1 and --actors ({args.actors}), got {args.actor_processes}.")
+    for name in ("seconds", "piece_seconds", "log_interval", "startup_timeout", "stop_timeout", "timeout"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds, got {getattr(args, name)}.")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be zero or more seconds, got {args.warmup}.")
+    if args.cores is not None and not args.cores > 0:
+        parser.error(f"--cores must be positive, got {args.cores}.")
+    if args.seconds < 2 * args.log_interval:
+        parser.error(f"--seconds ({args.seconds}) must span at least two metrics records "
+                     f"(2 x --log-interval = {2 * args.log_interval}).")
+    return args
+
+
+def inference_batch(args) -> int:
+    """Envs per actor process in the end-to-end run (what the inference piece batches over)."""
+    processes = args.actor_processes or min(args.actors, available_cores())
+    return args.batch or envs_per_process(args.actors, processes)
+
+
+def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"workload": workload.name, "env_id": workload.env_id, "env_kwargs": dict(workload.env_kwargs),
+                           "network": NETWORK, "unroll_length": UNROLL_LENGTH, "batch_size": BATCH_SIZE,
+                           "frame_stack": FRAME_STACK}
+    cores = args.cores or available_cores()
+    if "ceiling" in args.parts:
+        common = ["--workloads", workload.name, "--piece-seconds", str(args.piece_seconds)]
+        report(f"{workload.name}: env steps/s on one core ...")
+        out["env"] = _run_child(["--child", "env"] + common, args.timeout)
+        batch = inference_batch(args)
+        report(f"{workload.name}: policy inference at batch {batch} on one core ...")
+        out["inference"] = _run_child(["--child", "inference", "--batch", str(batch)] + common, args.timeout)
+        report(f"{workload.name}: learner frames/s on one core ...")
+        out["learner"] = measure_learner(args.piece_seconds, args.timeout)
+        pieces = [out[k] for k in ("env", "inference", "learner")]
+        if all("error" not in p for p in pieces):
+            rates = [p["agent_steps_per_s"] for p in pieces]
+            out["cores"] = cores
+            out["ceiling_agent_steps_per_s"] = ceiling_agent_steps_per_s(*rates, cores)
+            out["cost_shares"] = cost_shares(*rates)
+    if "e2e" in args.parts:
+        report(f"{workload.name}: end to end, {args.actors} actors, {args.warmup:.0f} s warm-up + {args.seconds:.0f} s ...")
+        out["end_to_end"] = measure_end_to_end(workload, args)
+        e2e = out["end_to_end"].get("agent_steps_per_s")
+        if e2e is not None and "ceiling_agent_steps_per_s" in out:
+            out["ratio_to_ceiling"] = e2e / out["ceiling_agent_steps_per_s"]
+    return out
+
+
+def _fmt(piece: Mapping[str, Any]) -> str:
+    return f"ERROR {piece['error']}" if "error" in piece else f"{piece['agent_steps_per_s']:10.1f} agent steps/s"
+
+
+def summary(results: Sequence[Mapping[str, Any]]) -> str:
+    lines = []
+    for r in results:
+        lines.append(f"== {r['workload']} ({r['env_id']} {r['env_kwargs']}, {r['network']}, T={r['unroll_length']}, "
+                     f"B={r['batch_size']})")
+        for key, label in (("env", "env, one core"), ("inference", "inference, one core"), ("learner", "learner, one core")):
+            if key in r:
+                extra = f" (batch {r[key]['batch']})" if key == "inference" and "batch" in r[key] else ""
+                lines.append(f"  {label + extra:32s} {_fmt(r[key])}")
+        if "ceiling_agent_steps_per_s" in r:
+            shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["cost_shares"].items())
+            lines.append(f"  {'ceiling on %g cores' % r['cores']:32s} {r['ceiling_agent_steps_per_s']:10.1f} agent steps/s"
+                         f"  (core-time per step: {shares})")
+        if "end_to_end" in r:
+            e = r["end_to_end"]
+            lines.append(f"  {'end to end, %d actors' % e['actors']:32s} {_fmt(e)}")
+            if "error" not in e:
+                lines.append(f"  {'':32s} over {e['window_seconds']:.1f} s; queue fill {e.get('queue_fill', float('nan')):.2f}, "
+                             f"policy lag {e.get('policy_lag_mean', float('nan')):.1f}; plan: {e.get('plan', '?')}")
+        if "ratio_to_ceiling" in r:
+            lines.append(f"  {'ratio to ceiling':32s} {100 * r['ratio_to_ceiling']:10.1f} %")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        workload = WORKLOADS[args.workloads[0]]
+        if args.child == "env":
+            result = _child_env_rate(workload, args.piece_seconds)
+        else:
+            result = _child_inference_rate(workload, args.piece_seconds, args.batch or 1)
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+
+    def report(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    results = [run_workload(WORKLOADS[name], args, report) for name in args.workloads]
+    failed = any("error" in r.get(k, {}) for r in results for k in ("env", "inference", "learner", "end_to_end"))
+    if args.json:
+        print(json.dumps({"machine": machine_info(), "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                          "settings": {k: v for k, v in vars(args).items() if k not in ("child", "batch", "json")},
+                          "results": results}, indent=2))
+    else:
+        print(summary(results))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Smoke tests of scripts/plot_curves.py and of scripts/benchmark.py's pure parts (TF-free, fast).
+
+The end-to-end benchmark itself (TensorFlow learner, actor processes) is not run here:
+``python scripts/benchmark.py --parts e2e --actors 2 --actor-processes 1 --warmup 0 --seconds 3``
+is its manual smoke test (about 30 s).
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"_impala_scripts_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load("benchmark")
+curves = _load("plot_curves")
+
+
+# ----------------------------------------------------------------------------- benchmark.py
+
+
+def test_ceiling_is_cores_over_summed_core_seconds_per_step():
+    # 1/2000 + 1/1000 + 1/500 = 0.0035 core-seconds per agent step; 2 cores -> 571.43 steps/s.
+    assert bench.ceiling_agent_steps_per_s(2000.0, 1000.0, 500.0, 2) == pytest.approx(2 / 0.0035)
+    # Equal pieces of rate r on C cores: C * r / 3.
+    assert bench.ceiling_agent_steps_per_s(900, 900, 900, 3) == pytest.approx(900.0)
+    # Linear in cores; an almost free env leaves the other two pieces.
+    one = bench.ceiling_agent_steps_per_s(1e12, 1000.0, 1000.0, 1)
+    assert one == pytest.approx(500.0)
+    assert bench.ceiling_agent_steps_per_s(1e12, 1000.0, 1000.0, 4) == pytest.approx(4 * one)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), None, True, "100"])
+def test_ceiling_rejects_non_positive_or_non_finite_rates(bad):
+    with pytest.raises(ValueError, match="positive finite"):
+        bench.ceiling_agent_steps_per_s(bad, 1000.0, 1000.0, 2)
+    with pytest.raises(ValueError, match="cores"):
+        bench.ceiling_agent_steps_per_s(1000.0, 1000.0, 1000.0, bad)
+
+
+def test_cost_shares_are_proportional_to_core_seconds():
+    shares = bench.cost_shares(2000.0, 1000.0, 500.0)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares == pytest.approx({"env": 1 / 7, "inference": 2 / 7, "learner": 4 / 7})
+
+
+def test_envs_per_process_matches_the_launchers_even_split():
+    assert bench.envs_per_process(64, 2) == 32
+    assert bench.envs_per_process(5, 2) == 3
+    assert bench.envs_per_process(1, 1) == 1
+
+
+def _records(n_idle, n_trained, per_s=640, start=1000.0):
+    out = [{"time": start + i, "learner_step": 0, "agent_steps": 0} for i in range(n_idle)]
+    for i in range(n_trained):
+        t = start + n_idle + i
+        out.append({"time": t, "learner_step": i + 1, "agent_steps": per_s * (i + 1), "env_frames": 4 * per_s * (i + 1),
+                    "queue_fill": 0.5 + 0.1 * (i % 2)})
+    return out
+
+
+def test_select_window_measures_after_warmup_over_the_window():
+    records = _records(3, 12)
+    window = bench.select_window(records, warmup=2.0, seconds=5.0)
+    assert window["warmup_seconds"] == pytest.approx(2.0)
+    assert window["window_seconds"] == pytest.approx(5.0)
+    assert window["agent_steps_per_s"] == pytest.approx(640.0)
+    assert window["learner_steps_per_s"] == pytest.approx(1.0)
+    assert window["env_frames_per_s"] == pytest.approx(2560.0)
+    assert window["window_agent_steps"] == 5 * 640
+    assert 0.5 <= window["queue_fill"] <= 0.6
+
+
+def test_select_window_waits_for_a_complete_window():
+    assert bench.select_window(_records(5, 0), warmup=0.0, seconds=1.0) is None  # no learner step yet
+    assert bench.select_window(_records(0, 4), warmup=2.0, seconds=5.0) is None  # window not closed
+    assert bench.select_window(_records(0, 8), warmup=2.0, seconds=5.0) is not None
+
+
+def test_select_window_uses_record_times_not_counts():
+    # A learner stall (no record for 4 s) must lower the rate.
+    records = _records(0, 3)
+    records.append({"time": records[-1]["time"] + 4.0, "learner_step": 4, "agent_steps": 4 * 640})
+    window = bench.select_window(records, warmup=0.0, seconds=3.0)
+    assert window["agent_steps_per_s"] == pytest.approx(3 * 640 / 6.0)
+
+
+def test_read_metrics_skips_a_half_written_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"time": 1.0, "agent_steps": 0}) + "\n" + '{"time": 2.0, "agen')
+    assert bench.read_metrics(path) == [{"time": 1.0, "agent_steps": 0}]
+    assert bench.read_metrics(tmp_path / "missing.jsonl") == []
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--actors", "2", "--actor-processes", "3"], "--actor-processes must be between 1 and --actors"),
+        (["--actors", "0"], "--actors must be at least 1"),
+        (["--workloads", "pong"], "unknown workload"),
+        (["--warmup", "-1"], "--warmup must be zero or more"),
+        (["--seconds", "0"], "--seconds must be a positive number"),
+        (["--seconds", "1", "--log-interval", "1"], "at least two metrics records"),
+        (["--cores", "0"], "--cores must be positive"),
+    ],
+)
+def test_benchmark_flag_errors_are_sentences(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_benchmark_defaults_cover_both_workloads():
+    args = bench.parse_args([])
+    assert args.workloads == ["synthetic", "dmc/cartpole-swingup"]
+    assert args.parts == ["ceiling", "e2e"]
+    assert bench.inference_batch(bench.parse_args(["--actors", "64", "--actor-processes", "2"])) == 32
+
+
+def test_workload_env_args_round_trip_through_the_env_arg_parser():
+    import envs
+
+    for workload in bench.WORKLOADS.values():
+        assert envs.parse_env_args(workload.env_args()) == dict(workload.env_kwargs)
+    assert bench.WORKLOADS["dmc/cartpole-swingup"].env_kwargs == {"size": 84, "action_repeat": 4, "render": "fast"}
+
+
+def test_synthetic_env_loads_by_module_id_as_actor_processes_load_it(monkeypatch):
+    import dm_env
+
+    import envs
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # what benchmark.py puts on PYTHONPATH
+    try:
+        env = envs.make("benchmark:synthetic_env", seed=3, episode_length=3)
+        obs_spec, action_spec = env.observation_spec(), env.action_spec()
+        assert set(obs_spec) == {"pixels"}
+        assert obs_spec["pixels"].shape == (84, 84, 3) and obs_spec["pixels"].dtype == np.uint8
+        assert action_spec.shape == (1,) and action_spec.dtype == np.float32
+        assert float(action_spec.minimum) == -1.0 and float(action_spec.maximum) == 1.0
+        first = env.reset()
+        assert first.first()
+        steps = [env.step(np.zeros(1, np.float32)) for _ in range(3)]
+        assert [s.step_type for s in steps] == [dm_env.StepType.MID, dm_env.StepType.MID, dm_env.StepType.LAST]
+        assert steps[-1].discount == 1.0  # truncation, like DM Control
+        assert all(np.array_equal(s.observation["pixels"], first.observation["pixels"]) for s in steps)
+        assert env.step(np.zeros(1, np.float32)).first()
+    finally:
+        sys.modules.pop("benchmark", None)
+    with pytest.raises(ValueError, match="episode_length"):
+        bench.synthetic_env(episode_length=0)
+    assert "tensorflow" not in sys.modules
+
+
+def test_descendants_finds_a_started_child():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in bench._descendants(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_stop_launch_kills_a_process_that_ignores_sigterm():
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    start = time.monotonic()
+    assert bench._stop_launch(child, timeout=0.5) is None
+    assert child.poll() is not None and time.monotonic() - start < 10
+    child.stdout.close()
+
+
+# ----------------------------------------------------------------------------- plot_curves.py
+
+
+def _write_run(path, n=30, gap_at=None, evals=()):
+    path.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(n):
+        t = 1.0e9 + 10.0 * i + (5000.0 if gap_at is not None and i >= gap_at else 0.0)
+        rec = {"time": t, "learner_step": i + 1, "agent_steps": 640 * (i + 1), "env_frames": 2560 * (i + 1)}
+        if i >= 2:
+            rec["episode_return"] = 10.0 * i
+        lines.append(json.dumps(rec))
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    if evals:
+        (path / "eval").mkdir()
+        for k, (steps, mean) in enumerate(evals):
+            (path / "eval" / f"eval-{k}.json").write_text(
+                json.dumps({"agent_steps": steps, "mean_return": mean, "std_return": 5.0, "episodes": 10}))
+    return path
+
+
+def test_training_hours_collapse_stops_longer_than_max_gap():
+    times = [0.0, 10.0, 20.0, 5020.0, 5030.0]
+    hours = curves.training_hours(times, max_gap_s=300.0)
+    assert hours == pytest.approx([0, 10 / 3600, 20 / 3600, 30 / 3600, 40 / 3600])
+    assert curves.training_hours(times, max_gap_s=1e6)[-1] == pytest.approx(5030 / 3600)
+    assert curves.training_hours([]) == []
+
+
+def test_load_run_curve_hours_and_evals(tmp_path):
+    run = curves.load_run(str(_write_run(tmp_path / "r", n=30, gap_at=20, evals=[(6400, 50.0), (1280, 20.0)])))
+    frames, hours, returns = run.curve()
+    assert len(frames) == 28 and frames[0] == 3 * 2560 and returns[-1] == 290.0
+    assert hours[-1] == pytest.approx(290 / 3600)  # the 5000 s stop counts as one 10 s interval
+    assert run.action_repeat == pytest.approx(4.0)
+    assert [e["agent_steps"] for e in run.evals] == [1280, 6400]  # sorted by agent steps
+    assert run.hours_at(640 * 5.5) == pytest.approx(45 / 3600)  # interpolated between records
+
+
+def test_markdown_table_rows_and_values(tmp_path):
+    run = curves.load_run(str(_write_run(tmp_path / "r", n=30, evals=[(9600, 50.0)])), label="mine")
+    text = curves.markdown_tables([run], rows=3)
+    lines = text.splitlines()
+    assert lines[0].startswith("| run | env frames | agent steps | hours | return")
+    body = [l for l in lines[2:] if l.startswith("| mine") and "±" not in l]
+    assert len(body) == 3
+    assert body[0] == "| mine | 7,680 | 1,920 | 0.01 | 20.0 |"
+    assert body[-1] == "| mine | 76,800 | 19,200 | 0.08 | 290.0 |"
+    assert "| mine | 38,400 | 9,600 | 0.04 | 50.0 ± 5.0 | 10 |" in lines
+
+
+def test_plot_writes_a_png_and_prints_the_table(tmp_path, capsys):
+    a = _write_run(tmp_path / "a", evals=[(6400, 50.0)])
+    b = _write_run(tmp_path / "b", n=10)
+    (a / "eval" / "broken.json").write_text("{")
+    out = tmp_path / "figs" / "curves.png"
+    assert curves.main([str(a), str(b), "--out", str(out), "--labels", "A", "B", "--title", "t"]) == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    captured = capsys.readouterr()
+    assert "| A | 76,800 |" in captured.out and "| B |" in captured.out
+    assert "skipping" in captured.err and "broken.json" in captured.err
+    assert "tensorflow" not in sys.modules
+
+
+def test_metrics_half_written_last_line_is_skipped_but_a_corrupt_line_is_an_error(tmp_path):
+    run = _write_run(tmp_path / "r", n=5)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"time": 1.0, "agent_st')
+    assert len(curves.load_metrics(str(run))) == 5
+    text = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([text[0], "garbage", text[1]]) + "\n")
+    with pytest.raises(curves.CurveError, match="line 2 of .* is not JSON"):
+        curves.load_metrics(str(run))
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda d: None, "does not exist"),
+        (lambda d: d.mkdir(), "has no metrics.jsonl"),
+        (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text("\n")), "is empty"),
+        (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text('{"time": 1.0, "learner_step": 0, "agent_steps": 0}\n')),
+         "none with an episode_return"),
+        (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text('{"time": 1.0}\n{"time": 2.0}\n')),
+         "no numeric 'agent_steps'"),
+    ],
+)
+def test_plot_curves_errors_are_sentences(tmp_path, capsys, setup, message):
+    run = tmp_path / "run"
+    setup(run)
+    assert curves.main([str(run), "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("plot_curves: ") and message in err
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["a", "b", "--labels", "x"], "give one per run"),
+        (["a", "--out", "x.svg"], "must name a .png"),
+        (["a", "--rows", "0"], "--rows must be at least 1"),
+    ],
+)
+def test_plot_curves_flag_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        curves.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_scripts_have_no_import_time_side_effects():
+    # Importing either script must not import NumPy-heavy or TF code, or set env variables.
+    code = (
+        "import os, sys, importlib.util\n"
+        "before = dict(os.environ)\n"
+        f"sys.path.insert(0, {str(SCRIPTS)!r})\n"
+        "import benchmark, plot_curves\n"
+        "assert dict(os.environ) == before\n"
+        "assert 'tensorflow' not in sys.modules and 'matplotlib' not in sys.modules and 'dm_env' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "ok", proc.stderr
