@@ -43,7 +43,6 @@ import uuid
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec
@@ -253,8 +252,9 @@ class LearnerServer:
                 request_deserializer=transport_pb2.HandshakeRequest.FromString,
                 response_serializer=transport_pb2.HandshakeResponse.SerializeToString,
             ),
-            # Raw bytes in: the handler parses them itself, so that undecodable messages
-            # and their size are answered with INVALID_ARGUMENT and counted.
+            # Raw bytes in: the handler parses them itself (impala_rep.wire.parse_unroll, no
+            # copies of the tensor bytes), so that undecodable messages and their size are
+            # answered with INVALID_ARGUMENT and counted.
             "StreamUnrolls": grpc.stream_unary_rpc_method_handler(
                 self._handle_stream,
                 request_deserializer=_identity,
@@ -367,19 +367,12 @@ class LearnerServer:
             for raw in request_iterator:
                 nbytes = len(raw)
                 try:
-                    self.validator.check_size(nbytes)
-                    try:
-                        msg = transport_pb2.Unroll.FromString(raw)
-                    except DecodeError:
-                        raise UnrollRejected(
-                            "undecodable", "the message is not a valid Unroll protobuf; send transport_pb2.Unroll bytes."
-                        ) from None
-                    del raw
-                    item = self.validator.validate(msg, nbytes)
+                    # Parsed in place: the queued arrays are views on these bytes (no copies).
+                    item = self.validator.validate_bytes(raw)
                 except UnrollRejected as e:
                     self.metrics.reject(e.reason)
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unroll rejected: {e}")
-                del msg
+                del raw
                 try:
                     if not self.queue.put(item, cancelled=cancelled):
                         context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")

@@ -14,7 +14,11 @@ and checks, before anything is queued:
   T+1), finite returns, positive lengths.
 
 These are the checks of :func:`impala_rep.specs.validate_array`, precompiled and vectorised
-(bounds that cover the whole dtype range, such as 0..255 on uint8 pixels, cost nothing). A
+(bounds that cover the whole dtype range, such as 0..255 on uint8 pixels, cost nothing;
+float tensors are passed by a min and a max, and only on failure checked in full to name
+the problem). The server hands the received bytes to :meth:`UnrollValidator.validate_bytes`,
+which reads them with :func:`impala_rep.wire.parse_unroll` (no protobuf objects, no copies:
+queued arrays are read-only views on the received bytes). A
 rejection raises :class:`UnrollRejected`, a ``ValueError`` carrying a short ``reason`` for
 metrics and a sentence naming the tensor and what was expected.
 """
@@ -27,8 +31,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from impala_rep.specs import STEP_FIRST, STEP_LAST, ArraySpec
-from impala_rep.wire import wire_dtype
+from impala_rep.specs import STEP_FIRST, STEP_LAST, STEP_MID, ArraySpec
+from impala_rep.wire import ParsedTensor, ParsedUnroll, WireError, canonical_layout, parse_unroll, wire_dtype
 
 __all__ = ["REJECT_REASONS", "UnrollRejected", "ValidUnroll", "UnrollValidator"]
 
@@ -70,6 +74,21 @@ class ValidUnroll:
     nbytes: int
 
 
+_STEP_BYTES = bytes((STEP_FIRST, STEP_MID, STEP_LAST))
+# Neighbouring step types (a, b) where "b is FIRST" differs from "a is LAST".
+_BAD_STEP_PAIRS = tuple(
+    bytes((a, b)) for a in _STEP_BYTES for b in _STEP_BYTES
+    if (b == STEP_FIRST) != (a == STEP_LAST)
+)
+
+
+# Shared by unrolls in which no episode finished (read-only, like the tensors).
+_NO_RETURNS = np.zeros([0], np.float64)
+_NO_RETURNS.flags.writeable = False
+_NO_LENGTHS = np.zeros([0], np.int64)
+_NO_LENGTHS.flags.writeable = False
+
+
 def _dtype_range(dtype: np.dtype) -> Tuple[float, float]:
     if dtype.kind in "ui":
         info = np.iinfo(dtype)
@@ -93,6 +112,11 @@ def _compile_checks(spec: ArraySpec) -> List[Callable[[np.ndarray], Optional[Tup
         checks.append(finite)
     if name == "step_type":
         def step_types(arr):
+            if arr.dtype == np.uint8 and arr.ndim == 1:
+                # Fast path on the raw bytes: all in {0, 1, 2} and no forbidden neighbours.
+                raw = arr.tobytes()
+                if not raw.translate(None, _STEP_BYTES) and not any(p in raw for p in _BAD_STEP_PAIRS):
+                    return None
             if arr.size and (arr.min() < STEP_FIRST or arr.max() > STEP_LAST):
                 return "step_type", (
                     f"tensor 'step_type' holds {int(arr.max()) if arr.max() > STEP_LAST else int(arr.min())}; "
@@ -127,8 +151,9 @@ def _compile_checks(spec: ArraySpec) -> List[Callable[[np.ndarray], Optional[Tup
         lo_v = float(lo.flat[0]) if (scalar and lo.size) else None
         if not (lo_v is not None and lo_v <= dmin):
             lo_c = lo_v if lo_v is not None else np.asarray(lo)
+            lo_scalar = lo_v is not None
             def below(arr, lo_c=lo_c):
-                if arr.size and (np.min(arr) < lo_c if np.ndim(lo_c) == 0 else np.any(arr < lo_c)):
+                if arr.size and (arr.min() < lo_c if lo_scalar else np.any(arr < lo_c)):
                     return "out_of_bounds", (
                         f"tensor {name!r} holds values below its minimum {spec.minimum}; "
                         f"expected values in [{spec.minimum}, {spec.maximum}]."
@@ -140,8 +165,9 @@ def _compile_checks(spec: ArraySpec) -> List[Callable[[np.ndarray], Optional[Tup
         hi_v = float(hi.flat[0]) if (scalar and hi.size) else None
         if not (hi_v is not None and hi_v >= dmax):
             hi_c = hi_v if hi_v is not None else np.asarray(hi)
+            hi_scalar = hi_v is not None
             def above(arr, hi_c=hi_c):
-                if arr.size and (np.max(arr) > hi_c if np.ndim(hi_c) == 0 else np.any(arr > hi_c)):
+                if arr.size and (arr.max() > hi_c if hi_scalar else np.any(arr > hi_c)):
                     return "out_of_bounds", (
                         f"tensor {name!r} holds values above its maximum {spec.maximum}; "
                         f"expected values in [{spec.minimum}, {spec.maximum}]."
@@ -149,6 +175,40 @@ def _compile_checks(spec: ArraySpec) -> List[Callable[[np.ndarray], Optional[Tup
                 return None
             checks.append(above)
     return checks
+
+
+def _compile_fast_check(spec: ArraySpec) -> Optional[Callable[[np.ndarray], bool]]:
+    """A cheaper check that passes only arrays every check of :func:`_compile_checks` passes.
+
+    For float arrays without per-element bounds: a min and a max replace the finite and
+    bound checks (NaN propagates through both; infinities lie outside the finite range),
+    without floating-point warnings. When it fails, the full checks run and name the
+    problem. None where there is no such shortcut.
+    """
+    dtype = np.dtype(spec.dtype)
+    if dtype.kind != "f" or spec.num_values is not None or spec.name == "step_type":
+        return None
+    lo, hi = spec.bounds()
+    if math.prod(spec.shape) == 0:
+        return None
+    finite_max = float(np.finfo(dtype).max)
+    lo_v, hi_v = -finite_max, finite_max
+    for bound, is_lo in ((lo, True), (hi, False)):
+        if bound is None:
+            continue
+        if bound.size and not np.all(bound == bound.flat[0]):
+            return None  # per-element bounds: the full check
+        value = float(bound.flat[0]) if bound.size else None
+        if value is None:
+            continue
+        if is_lo:
+            lo_v = max(lo_v, value)
+        else:
+            hi_v = min(hi_v, value)
+
+    def within(arr):
+        return lo_v <= arr.min() and arr.max() <= hi_v
+    return within
 
 
 class UnrollValidator:
@@ -190,6 +250,14 @@ class UnrollValidator:
         self._dtypes = {k: wire_dtype(s.dtype) for k, s in self.unroll_spec.items()}
         self._counts = {k: math.prod(s.shape) for k, s in self.unroll_spec.items()}
         self._checks = {k: _compile_checks(s) for k, s in self.unroll_spec.items()}
+        # name -> (dtype name, shape, wire dtype, element count, byte size, quick check, checks)
+        self._entries = {
+            k: (s.dtype, self._shapes[k], self._dtypes[k], self._counts[k],
+                self._counts[k] * self._dtypes[k].itemsize,
+                _compile_fast_check(s) if self._checks[k] else None, tuple(self._checks[k]))
+            for k, s in self.unroll_spec.items()
+        }
+        self._layout = canonical_layout((k, s.dtype, s.shape) for k, s in self.unroll_spec.items())
 
     def check_size(self, nbytes: int) -> None:
         """Raises :class:`UnrollRejected` ("oversized") above ``max_message_bytes``."""
@@ -200,51 +268,81 @@ class UnrollValidator:
                 f"{self.max_message_bytes} bytes.",
             )
 
+    def validate_bytes(self, raw: bytes) -> ValidUnroll:
+        """Validates serialized ``Unroll`` bytes (the server's path); raises :class:`UnrollRejected`.
+
+        Reads the message with :func:`impala_rep.wire.parse_unroll`: no protobuf objects and
+        no copies, the tensors of the result are read-only views on ``raw``.
+        """
+        nbytes = len(raw)
+        self.check_size(nbytes)
+        try:
+            parsed = parse_unroll(raw, self._layout)
+        except WireError as e:
+            raise UnrollRejected(
+                "undecodable",
+                f"the message is not a valid Unroll protobuf ({str(e).rstrip('.')}); "
+                "send transport_pb2.Unroll bytes.",
+            ) from None
+        return self._validate(parsed, nbytes)
+
     def validate(self, msg, nbytes: int) -> ValidUnroll:
         """Returns the validated unroll or raises :class:`UnrollRejected`.
 
-        ``msg`` is a parsed ``transport_pb2.Unroll``; ``nbytes`` its serialized size.
+        ``msg`` is a parsed ``transport_pb2.Unroll`` (or a :class:`impala_rep.wire.ParsedUnroll`);
+        ``nbytes`` its serialized size.
         """
         self.check_size(nbytes)
+        if not isinstance(msg, ParsedUnroll):
+            msg = ParsedUnroll(
+                msg.actor_id,
+                int(msg.policy_version),
+                [ParsedTensor(t.name, t.dtype, tuple(t.shape), t.data) for t in msg.tensors],
+                list(msg.episode_returns),
+                list(msg.episode_lengths),
+            )
+        return self._validate(msg, nbytes)
+
+    def _validate(self, msg: ParsedUnroll, nbytes: int) -> ValidUnroll:
         tensors: Dict[str, np.ndarray] = {}
-        for t in msg.tensors:
-            name = t.name
-            spec = self.unroll_spec.get(name)
-            if spec is None:
+        entries = self._entries
+        for name, dtype_name, shape, data in msg.tensors:
+            entry = entries.get(name)
+            if entry is None:
                 raise UnrollRejected(
                     "extra_tensor",
                     f"tensor {name!r} is not part of the announced unroll spec; expected only "
                     f"{sorted(self.unroll_spec)}.",
                 )
+            spec_dtype, spec_shape, dtype, count, size, quick, checks = entry
             if name in tensors:
                 raise UnrollRejected("extra_tensor", f"tensor {name!r} appears twice; send each tensor once.")
-            if t.dtype != spec.dtype:
+            if dtype_name != spec_dtype:
                 raise UnrollRejected(
-                    "dtype", f"tensor {name!r} has dtype {t.dtype!r}; expected {spec.dtype}."
+                    "dtype", f"tensor {name!r} has dtype {dtype_name!r}; expected {spec_dtype}."
                 )
-            shape = tuple(t.shape)
-            if shape != self._shapes[name]:
+            if shape != spec_shape:
                 raise UnrollRejected(
-                    "shape", f"tensor {name!r} has shape {list(shape)}; expected {list(spec.shape)}."
+                    "shape", f"tensor {name!r} has shape {list(shape)}; expected {list(spec_shape)}."
                 )
-            data = t.data
-            dtype = self._dtypes[name]
-            count = self._counts[name]
-            if len(data) != count * dtype.itemsize:
+            if len(data) != size:
                 raise UnrollRejected(
                     "undecodable",
-                    f"tensor {name!r} carries {len(data)} bytes, which cannot be a {spec.dtype} "
-                    f"array of shape {list(spec.shape)}; expected {count * dtype.itemsize} bytes.",
+                    f"tensor {name!r} carries {len(data)} bytes, which cannot be a {spec_dtype} "
+                    f"array of shape {list(spec_shape)}; expected {size} bytes.",
                 )
-            arr = np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+            arr = np.frombuffer(data, dtype=dtype, count=count)
+            if len(spec_shape) != 1:
+                arr = arr.reshape(spec_shape)
             if not dtype.isnative:  # big-endian host
                 arr = arr.astype(dtype.newbyteorder("="))
-            for check in self._checks[name]:
-                problem = check(arr)
-                if problem is not None:
-                    raise UnrollRejected(*problem)
+            if checks and (quick is None or not quick(arr)):
+                for check in checks:
+                    problem = check(arr)
+                    if problem is not None:
+                        raise UnrollRejected(*problem)
             tensors[name] = arr
-        if len(tensors) != len(self.unroll_spec):
+        if len(tensors) != len(entries):
             missing = sorted(set(self.unroll_spec) - set(tensors))
             raise UnrollRejected(
                 "missing_tensor", f"the unroll lacks tensor(s) {missing}; every key of the announced spec is required."
@@ -252,8 +350,11 @@ class UnrollValidator:
         policy_version = int(msg.policy_version)
         if policy_version < 0:
             raise UnrollRejected("metadata", f"policy_version is {policy_version}; expected a version >= 0.")
-        returns = np.asarray(msg.episode_returns, dtype=np.float64)
-        lengths = np.asarray(msg.episode_lengths, dtype=np.int64)
+        if msg.episode_returns or msg.episode_lengths:
+            returns = np.array(msg.episode_returns, dtype=np.float64)
+            lengths = np.array(msg.episode_lengths, dtype=np.int64)
+        else:
+            returns, lengths = _NO_RETURNS, _NO_LENGTHS
         if returns.shape != lengths.shape:
             raise UnrollRejected(
                 "metadata",

@@ -8,7 +8,9 @@ streams (threads) that encode and send unrolls of 84x84x3 uint8 frames (unroll 2
 stacked on the learner, so 21 + 2 frames travel per unroll). For each client count the rate
 is measured over ``--seconds`` after a warm-up.
 
-frames/s counts env steps (T = 20 per unroll); MB/s counts serialized unroll bytes.
+frames/s counts env steps (T = 20 per unroll); MB/s counts serialized unroll bytes;
+server_cpu_us_per_unroll is the CPU time of the server process (gRPC, parsing, validation
+and the consumer) per accepted unroll, less sensitive than rates to a busy machine.
 
     .venv/bin/python scripts/bench_ingest.py --clients 1 8 64 --seconds 5 --json
 """
@@ -56,6 +58,13 @@ def _client_process(address, n_streams, first_id, t_stop, unroll_length, size, r
         th.start()
     for th in threads:
         th.join()
+
+
+def _cpu_seconds():
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_setting(n_clients, procs, seconds, warmup, batch, unroll_length=20, size=84):
@@ -106,9 +115,9 @@ def run_setting(n_clients, procs, seconds, warmup, batch, unroll_length=20, size
     for _ in range(n_clients):
         ready.get(timeout=120)
     time.sleep(warmup)
-    m0, t0, b0 = server.metrics.snapshot(), time.monotonic(), batches[0]
+    m0, t0, b0, c0 = server.metrics.snapshot(), time.monotonic(), batches[0], _cpu_seconds()
     time.sleep(seconds)
-    m1, t1, b1 = server.metrics.snapshot(), time.monotonic(), batches[0]
+    m1, t1, b1, c1 = server.metrics.snapshot(), time.monotonic(), batches[0], _cpu_seconds()
     for p in workers:
         p.terminate()
     for p in workers:
@@ -130,6 +139,9 @@ def run_setting(n_clients, procs, seconds, warmup, batch, unroll_length=20, size
         "megabytes_per_s": round(nbytes / dt / 1e6, 1),
         "rejected": m1["unrolls_rejected"],
         "batches_per_s": round((b1 - b0) / dt, 2) if batch else None,
+        # CPU time of this (the learner's) process: gRPC, parsing, validation, the consumer.
+        "server_cpu_cores": round((c1 - c0) / dt, 2),
+        "server_cpu_us_per_unroll": round((c1 - c0) / unrolls * 1e6, 1) if unrolls else None,
         "queue_fill_end": round(q.fill, 2),
     }
 
@@ -151,10 +163,12 @@ def main(argv=None):
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"{'clients':>7} {'procs':>5} {'frames/s':>10} {'MB/s':>8} {'unrolls/s':>9} {'batches/s':>9}")
+        print(f"{'clients':>7} {'procs':>5} {'frames/s':>10} {'MB/s':>8} {'unrolls/s':>9} {'batches/s':>9} "
+              f"{'server us/unroll':>16}")
         for r in results:
             print(f"{r['clients']:>7} {r['processes']:>5} {r['frames_per_s']:>10.0f} {r['megabytes_per_s']:>8.1f} "
-                  f"{r['unrolls_per_s']:>9.1f} {r['batches_per_s'] if r['batches_per_s'] is not None else '-':>9}")
+                  f"{r['unrolls_per_s']:>9.1f} {r['batches_per_s'] if r['batches_per_s'] is not None else '-':>9} "
+                  f"{r['server_cpu_us_per_unroll'] if r['server_cpu_us_per_unroll'] is not None else '-':>16}")
     return 0
 
 

@@ -62,6 +62,10 @@ def _cases(spec, rng, max_bytes):
         "extra tensor": (with_("observation/extra", np.zeros(3, np.float32)), "extra_tensor", "observation/extra"),
         "undecodable bytes": (_corrupt_bytes(spec, rng), "undecodable", "'reward'"),
         "not a protobuf": (b"\xff\xff\xff\xff garbage", "undecodable", "not a valid Unroll"),
+        "truncated message": (_payload(make_unroll(spec, rng))[:-7], "undecodable", "not a valid Unroll"),
+        "unknown field": (_payload(make_unroll(spec, rng)) + b"\x30\x01", "undecodable", "not a field of Unroll"),
+        "wrong wire type": (b"\x12\x01x" + _payload(make_unroll(spec, rng)), "undecodable", "has wire type"),
+        "unknown tensor field": (b"\x1a\x02\x38\x01" + _payload(make_unroll(spec, rng)), "undecodable", "not a field of Tensor"),
         "oversized": (_payload(make_unroll(spec, rng), actor_id="x" * max_bytes), "oversized", "limit"),
         "negative policy version": (_payload(make_unroll(spec, rng), version=-3), "metadata", "policy_version"),
         "returns without lengths": (_payload(make_unroll(spec, rng), returns=[1.0]), "metadata", "lengths"),
@@ -202,3 +206,50 @@ def test_validator_agrees_with_specs_validate_array():
         except UnrollRejected:
             ok = False
         assert ok == expected_ok, (trial, key, u[key])
+
+
+def test_the_servers_byte_reader_agrees_with_protobuf_and_the_full_checks():
+    """validate_bytes (zero-copy reader, quick checks) accepts and rejects exactly what
+    validate() of protobuf's parse does, with the same reason, including sums that overflow."""
+    spec = small_spec("continuous")
+    validator = UnrollValidator(spec, T)
+    rng = np.random.default_rng(7)
+    big = np.finfo(np.float32).max
+    for trial in range(80):
+        u = make_unroll(spec, rng)
+        key = rng.choice(sorted(k for k in spec if k != "step_type"))
+        arr = u[key]
+        if arr.dtype.kind == "f":
+            value = rng.choice([np.nan, np.inf, -np.inf, 3.0, -3.0, 0.25, 1.5, big, -big])
+            arr.flat[rng.integers(arr.size)] = value
+            if value in (big, -big):
+                arr[...] = value  # finite, but its float32 sum overflows: must still pass
+        else:
+            arr.flat[rng.integers(arr.size)] = rng.integers(0, 256)
+        raw = _payload(u)
+        outcomes = []
+        for check in (lambda: validator.validate(transport_pb2.Unroll.FromString(raw), len(raw)),
+                      lambda: validator.validate_bytes(raw)):
+            try:
+                item = check()
+                outcomes.append(("ok", {k: v.tobytes() for k, v in item.tensors.items()}))
+            except UnrollRejected as e:
+                outcomes.append((e.reason, str(e)))
+        assert outcomes[0] == outcomes[1], (trial, key, outcomes)
+        if key in ("reward", "observation/position") and rng.random() < 0.5:
+            u[key][...] = big
+            item = validator.validate_bytes(_payload(u))
+            assert np.all(item.tensors[key] == big)
+
+
+def test_queued_tensors_are_read_only_views_on_the_received_bytes():
+    spec = small_spec()
+    validator = UnrollValidator(spec, T)
+    raw = _payload(make_unroll(spec, np.random.default_rng(8)))
+    item = validator.validate_bytes(raw)
+    for name, arr in item.tensors.items():
+        assert not arr.flags.writeable, name
+        root = arr
+        while isinstance(root, np.ndarray):
+            root = root.base
+        assert root.obj is raw, name  # a memoryview of the received bytes: no copy

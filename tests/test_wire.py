@@ -19,7 +19,9 @@ from impala_rep.wire import (
     decode_tensor,
     decode_tensors,
     encode_tensor,
+    canonical_layout,
     encode_unroll_bytes,
+    parse_unroll,
     spec_from_proto,
     spec_to_proto,
 )
@@ -181,3 +183,161 @@ def test_fast_unroll_encoding_equals_protobuf_serialization(version, episodes):
     assert fast == msg.SerializeToString()
     back = transport_pb2.Unroll.FromString(fast)
     np.testing.assert_array_equal(decode_tensors(back.tensors)["action"], tensors["action"])
+
+
+# ---------------------------------------------------------------- parse_unroll (the learner's reader)
+
+
+def _unroll_fields(msg):
+    """Comparable fields of a protobuf Unroll or a ParsedUnroll (NaN-safe returns)."""
+    return (
+        msg.actor_id,
+        int(msg.policy_version),
+        [(t.name, t.dtype, tuple(t.shape), bytes(t.data)) for t in msg.tensors],
+        np.asarray(list(msg.episode_returns), np.float64).tobytes(),
+        [int(n) for n in msg.episode_lengths],
+    )
+
+
+def _sample_tensors(rng):
+    return {
+        "observation/pixels": rng.integers(0, 256, (3, 84, 84, 3)).astype(np.uint8),
+        "reward": rng.normal(size=3).astype(np.float32),
+        "action": np.arange(6, dtype=np.int32).reshape(3, 2),
+        "scalar": np.float64(2.5),
+        "empty": np.zeros((0, 4), np.int64),
+        "": np.ones(2, np.int8),
+    }
+
+
+def _sample_layout(tensors):
+    return canonical_layout((k, np.asarray(v).dtype.name, np.shape(v)) for k, v in tensors.items())
+
+
+@pytest.mark.parametrize("use_layout", [False, True])
+@pytest.mark.parametrize("version", [0, 5, -3, 2**62])
+def test_parse_unroll_reads_what_protobuf_reads(use_layout, version):
+    tensors = _sample_tensors(np.random.default_rng(2))
+    raw = encode_unroll_bytes("actor-\u00e9", version, tensors, [1.5, float("nan")], [10, 2**40])
+    got = parse_unroll(raw, _sample_layout(tensors) if use_layout else ())
+    assert _unroll_fields(got) == _unroll_fields(transport_pb2.Unroll.FromString(raw))
+
+
+def test_parse_unroll_data_is_a_zero_copy_view_on_the_input():
+    tensors = _sample_tensors(np.random.default_rng(3))
+    raw = encode_unroll_bytes("a", 1, tensors)
+    for layout in ((), _sample_layout(tensors)):
+        got = parse_unroll(raw, layout)
+        data = got.tensors[0].data
+        assert isinstance(data, memoryview) and data.obj is raw and data.readonly
+        arr = np.frombuffer(data, np.uint8)
+        assert not arr.flags.writeable
+        np.testing.assert_array_equal(arr.reshape(3, 84, 84, 3), tensors["observation/pixels"])
+
+
+def _field(tag_byte, payload=b""):
+    return bytes((tag_byte,)) + payload
+
+
+def _ld(tag_byte, payload):
+    return bytes((tag_byte,)) + _varint_bytes(len(payload)) + payload
+
+
+def _varint_bytes(value):
+    out = bytearray()
+    value &= (1 << 64) - 1
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        out.append(b | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def test_parse_unroll_accepts_what_protobuf_accepts_in_other_encodings():
+    """Unpacked repeated scalars, any field order, repeated singular fields (last wins)."""
+    data = np.arange(6, dtype="<f4").tobytes()
+    tensor = (
+        _ld(0x22, b"junk-overwritten")  # data first, then replaced by a later data field
+        + _field(0x18, _varint_bytes(2)) + _ld(0x1A, _varint_bytes(3))  # shape: unpacked then packed
+        + _ld(0x12, b"float32") + _ld(0x0A, b"first") + _ld(0x0A, b"x")
+        + _ld(0x22, data)
+    )
+    raw = (
+        _field(0x10, _varint_bytes(7)) + _ld(0x1A, tensor) + _ld(0x0A, b"me")
+        + _field(0x21, np.float64(1.25).tobytes()) + _ld(0x22, np.array([2.5, -1.0]).tobytes())
+        + _field(0x28, _varint_bytes(4)) + _ld(0x2A, _varint_bytes(5) + _varint_bytes(2**35))
+        + _field(0x10, _varint_bytes(-2))  # last policy_version wins
+        + _field(0x8A, b"\x00" + _varint_bytes(0))  # an overlong (2-byte) tag for actor_id
+    )
+    reference = transport_pb2.Unroll.FromString(raw)
+    assert reference.policy_version == -2 and reference.actor_id == ""
+    assert _unroll_fields(parse_unroll(raw)) == _unroll_fields(reference)
+    layout = canonical_layout([("x", "float32", (2, 3))])
+    assert _unroll_fields(parse_unroll(raw, layout)) == _unroll_fields(reference)
+
+
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        (b"\x1a\x05\x0a\x01", "runs past the end"),  # truncated tensor
+        (b"\x10", "ends inside"),  # truncated varint
+        (b"\x10" + b"\xff" * 10 + b"\x01", "longer than 10 bytes"),
+        (b"\x30\x01", "field 6 (varint) is not a field of Unroll"),  # unknown field
+        (b"\x1a\x02\x28\x01", "field 5 (varint) is not a field of Tensor"),
+        (b"\x12\x01a", "Unroll.policy_version) has wire type length-delimited; expected varint"),
+        (b"\x08\x01", "Unroll.actor_id) has wire type varint"),
+        (b"\x1a\x02\x20\x01", "Tensor.data) has wire type varint"),
+        (b"\x1a\x02\x0d\x00", "Tensor.name) has wire type 32-bit"),
+        (b"\x0b", "start-group"),  # groups are not Unroll fields
+        (b"\x02\x00", "field 0"),
+        (b"\x22\x03abc", "not a whole number of doubles"),
+        (b"\x21\x00\x00", "ends inside a double"),
+        (b"\x0a\x02\xc3\x28", "actor_id is not valid UTF-8"),
+        (b"\x1a\x03\x12\x01\xff", "dtype is not valid UTF-8"),
+        (b"\x2a\x01\x80", "ends inside a varint"),  # packed varints cut inside their field
+    ],
+)
+def test_parse_unroll_rejects_malformed_bytes_with_a_sentence(raw, words):
+    with pytest.raises(WireError, match=re.escape(words)) as info:
+        parse_unroll(raw)
+    assert str(info.value).endswith(".")
+
+
+def test_parse_unroll_never_accepts_more_than_protobuf_and_never_crashes():
+    """Every truncation and many random corruptions of a valid message: WireError, or the same
+    fields protobuf reads (never another exception, never something protobuf refuses)."""
+    from google.protobuf.message import DecodeError
+
+    rng = np.random.default_rng(4)
+    tensors = {
+        "observation/pixels": rng.integers(0, 256, (2, 4, 4, 3)).astype(np.uint8),
+        "reward": rng.normal(size=2).astype(np.float32),
+        "action": np.arange(2, dtype=np.int32),
+    }
+    raw = encode_unroll_bytes("actor", 3, tensors, [1.0], [7])
+    layout = _sample_layout(tensors)
+    candidates = [raw[:n] for n in range(len(raw))]
+    for _ in range(1500):
+        b = bytearray(raw)
+        for _ in range(rng.integers(1, 4)):
+            i = int(rng.integers(len(b)))
+            b[i] = int(rng.choice([rng.integers(256), 0x00, 0x80, 0xFF, b[i] ^ 0x08]))
+        if rng.random() < 0.3:
+            cut = int(rng.integers(len(b)))
+            b = b[:cut] + b[cut + int(rng.integers(1, 5)):]
+        candidates.append(bytes(b))
+    accepted = 0
+    for cand in candidates:
+        for lay in ((), layout):
+            try:
+                got = parse_unroll(cand, lay)
+            except WireError:
+                continue
+            accepted += 1
+            try:
+                reference = transport_pb2.Unroll.FromString(cand)
+            except DecodeError:
+                pytest.fail(f"parse_unroll accepted bytes protobuf refuses: {cand!r}")
+            assert _unroll_fields(got) == _unroll_fields(reference), cand
+    assert accepted > 10  # the comparison was exercised
