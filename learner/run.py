@@ -53,7 +53,7 @@ class Trainer:
         from impala_rep.networks import NetworkConfig
         from impala_rep.networks.numpy_backend import NumpyNetwork
         from impala_rep.replicator import make_replicator
-        from learner.batcher import Batcher
+        from learner.batcher import Batcher, PrefetchingBatcher
         from learner.params import ParameterStore
         from learner.queue import UnrollQueue
         from learner.server import LearnerServer
@@ -132,7 +132,7 @@ class Trainer:
             tls_cert_file=config.tls_cert,
             tls_key_file=config.tls_key,
         )
-        self.batcher = Batcher(self.queue, self.unroll_spec, config.batch_size, self.frame_stack)
+        self.batcher = PrefetchingBatcher(Batcher(self.queue, self.unroll_spec, config.batch_size, self.frame_stack))
         self.action_repeat = env_action_repeat(config)
         self._returns: collections.deque = collections.deque(maxlen=100)
         self._writer = tf.summary.create_file_writer(os.path.join(config.logdir, "summaries"))
@@ -203,6 +203,7 @@ class Trainer:
         finally:
             self.server.stop()
             self.queue.close()
+            self.batcher.close()
             self._metrics_file.close()
             self._writer.close()
 

@@ -11,7 +11,7 @@ import pytest
 from impala_rep.framestack import FrameStacker, rebuild_stack
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import STEP_FIRST, STEP_LAST, STEP_MID, ArraySpec, EnvSpec, unroll_spec
-from learner.batcher import Batcher, batch_unrolls, policy_lag
+from learner.batcher import Batcher, PrefetchingBatcher, batch_unrolls, policy_lag
 from learner.params import ParameterStore
 from learner.queue import QueueClosed, UnrollQueue
 from learner.validation import ValidUnroll
@@ -238,6 +238,32 @@ def test_batcher_takes_batches_from_the_queue():
         Batcher(q, spec, batch_size=9)
     with pytest.raises(ValueError, match="frame_prefix"):
         Batcher(q, small_spec(), batch_size=2, frame_stack={"position": 2})
+
+
+def test_prefetching_batcher_keeps_order_and_bound_and_forwards_closing():
+    spec = small_spec()
+    q = UnrollQueue(16)
+    rng = np.random.default_rng(5)
+    for i in range(12):
+        q.put(_valid(make_unroll(spec, rng, tag=float(i)), version=i))
+    batches = PrefetchingBatcher(Batcher(q, spec, batch_size=2, frame_stack={"pixels": 3}))
+    try:
+        first = batches.next_batch(timeout=5)
+        np.testing.assert_array_equal(first.tensors["policy_version"], [0, 1])
+        # Bound: one batch ready plus one being built, so at least 12 - 2 - 2 - 2 remain.
+        time.sleep(0.3)
+        assert len(q) >= 6
+        versions = [batches.next_batch(timeout=5).tensors["policy_version"].tolist() for _ in range(5)]
+        assert versions == [[2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
+        with pytest.raises(TimeoutError):
+            batches.next_batch(timeout=0.2)
+        q.close()
+        for _ in range(2):  # the closing is reported to every later call
+            with pytest.raises(QueueClosed):
+                batches.next_batch(timeout=5)
+    finally:
+        batches.close()
+    assert not batches._thread.is_alive()
 
 
 def test_policy_lag():
