@@ -24,8 +24,21 @@ swrast, OSMesa) and ``standard`` on a GPU.
 
 **Episodes.** Every DM Control episode ends by truncation at 1000 control steps (``LAST``
 with discount 1.0), i.e. after ``1000 / action_repeat`` agent steps; rewards of repeated
-steps are summed and discounts multiplied. ``seed`` seeds the task's random state: the same
-seed gives the same episodes.
+steps are summed and discounts multiplied, stopping early at ``LAST``, and cast to the
+suite's reward and discount spec dtype (``float64``). ``seed`` seeds the task's random
+state: the same seed gives the same episodes.
+
+**Action repeat** (``fast_repeat=True``, the default) runs the repeated control steps
+itself, exactly as ``dm_control.rl.control.Environment.step`` does (``task.before_step``,
+``physics.step(n_sub_steps)``, ``task.after_step``, ``task.get_reward``, the step limit and
+``task.get_termination``, auto-reset on the step after ``LAST``), but computes the task's
+observation only where it is used: once per agent step, after the last repeat, and only
+when ``observation`` includes ``state``. Pixels-only envs never compute it. Rewards,
+discounts, step types, states and pixels are identical to repeating ``env.step``
+(``fast_repeat=False``; ``tests/test_envs_fast_repeat.py`` checks this against dm_control's
+own loop over full episodes). Measured here: 10-25% less CPU per agent step (cartpole-swingup
+at 84x84, fast preset: about 1.74 -> 1.55 ms; state only: 0.83 -> 0.65 ms). Envs whose class
+overrides dm_control's ``step``/``reset`` fall back to the plain loop.
 """
 
 from __future__ import annotations
@@ -67,6 +80,9 @@ _MUJOCO_GL_VALUES = (
 )
 _SOFTWARE_RENDERERS = ("llvmpipe", "softpipe", "swrast", "osmesa", "software rasterizer")
 _FAST_FLAGS = {"shadow": False, "reflection": False, "skybox": False}
+# The attributes of dm_control.rl.control.Environment that _ControlRepeat mirrors.
+_CONTROL_ATTRS = ("_task", "_physics", "_n_sub_steps", "_step_limit", "_step_count", "_reset_next_step",
+                  "_flat_observation")
 
 _renderer_name: Optional[str] = None  # cached GL_RENDERER string, probed once per process
 
@@ -194,13 +210,113 @@ def _choice_option(name: str, value: Any, choices: Sequence[str]) -> str:
     return value
 
 
+def _render_flag_index(key: str) -> int:
+    """The ``mjtRndFlag`` index of a lowercase render-flag name (``"shadow"`` -> ``mjRND_SHADOW``)."""
+    import mujoco  # pylint: disable=import-outside-toplevel
+
+    return int(getattr(mujoco.mjtRndFlag, "mjRND_" + key.upper()))
+
+
+def _supports_fast_repeat(env: Any) -> bool:
+    """True for a plain ``dm_control.rl.control.Environment`` (``step``/``reset`` not overridden)."""
+    from dm_control.rl import control  # pylint: disable=import-outside-toplevel
+
+    cls = type(env)
+    return (
+        isinstance(env, control.Environment)
+        and cls.step is control.Environment.step
+        and cls.reset is control.Environment.reset
+        and all(hasattr(env, name) for name in _CONTROL_ATTRS)
+    )
+
+
+class _ControlRepeat(Wrapper):
+    """Repeats an action ``repeat`` times inside a dm_control ``control.Environment``.
+
+    Mirrors ``control.Environment.reset`` and ``step`` line by line, on the wrapped env's own
+    episode state (``_step_count``, ``_reset_next_step``: the wrapped env stays consistent),
+    and returns what :class:`envs.wrappers.ActionRepeat` over ``env.step`` returns: the
+    rewards summed, the discounts multiplied (1.0 for ``MID``; the step limit's 1.0 or the
+    task's termination discount for ``LAST``), stopping early at ``LAST``; the step after
+    ``LAST`` resets. The difference: the task's observation is computed only at the end of
+    an agent step and only with ``observe=True``; with ``observe=False`` every timestep's
+    observation is ``None`` (for :class:`DMCObservation`, which then renders only).
+    """
+
+    def __init__(self, env: dm_env.Environment, repeat: int, observe: bool):
+        super().__init__(env)
+        from dm_control.rl import control  # pylint: disable=import-outside-toplevel
+
+        self._flatten = control.flatten_observation
+        self._repeat = int(repeat)
+        self._observe = bool(observe)
+        self._reward_type = np.dtype(env.reward_spec().dtype).type
+        self._discount_type = np.dtype(env.discount_spec().dtype).type
+
+    @property
+    def repeat(self) -> int:
+        return self._repeat
+
+    def _observation(self):
+        if not self._observe:
+            return None
+        env = self._env
+        observation = env._task.get_observation(env._physics)  # pylint: disable=protected-access
+        if env._flat_observation:  # pylint: disable=protected-access
+            observation = self._flatten(observation)
+        return observation
+
+    def reset(self) -> dm_env.TimeStep:
+        # pylint: disable=protected-access
+        env = self._env
+        env._reset_next_step = False
+        env._step_count = 0
+        with env._physics.reset_context():
+            env._task.initialize_episode(env._physics)
+        return dm_env.TimeStep(dm_env.StepType.FIRST, None, None, self._observation())
+
+    def step(self, action) -> dm_env.TimeStep:
+        # pylint: disable=protected-access
+        env = self._env
+        if env._reset_next_step:
+            return self.reset()
+        task, physics = env._task, env._physics
+        n_sub_steps, step_limit = env._n_sub_steps, env._step_limit
+        reward = None
+        discount = None
+        for _ in range(self._repeat):
+            task.before_step(action, physics)
+            physics.step(n_sub_steps)
+            task.after_step(physics)
+            sub_reward = task.get_reward(physics)
+            reward = sub_reward if reward is None else reward + sub_reward
+            env._step_count += 1
+            if env._step_count >= step_limit:
+                discount = 1.0
+            else:
+                discount = task.get_termination(physics)
+            if discount is not None:  # episode over
+                env._reset_next_step = True
+                break
+        if discount is None:
+            step_type, discount = dm_env.StepType.MID, 1.0
+        else:
+            step_type = dm_env.StepType.LAST
+        return dm_env.TimeStep(
+            step_type, self._reward_type(reward), self._discount_type(discount), self._observation()
+        )
+
+
 class DMCObservation(Wrapper):
     """Exposes a dm_control suite env's observations as ``pixels`` and/or ``state``.
 
-    Wraps a suite env loaded with ``flat_observation=True`` (possibly inside an
-    :class:`ActionRepeat`). Renders with one persistent ``dm_control.mujoco.Camera``
+    Wraps a suite env loaded with ``flat_observation=True``, inside a ``_ControlRepeat`` (or,
+    with ``fast_repeat=False`` and ``action_repeat > 1``, an :class:`ActionRepeat`); with ``observation="pixels"`` the
+    inner timesteps carry no observation. Renders with one persistent ``dm_control.mujoco.Camera``
     (``Physics.render`` builds a new camera and scene per call, about 2.5x slower at 84x84
-    here); the frame is copied to a C-contiguous uint8 ``[H, W, 3]`` array.
+    here); after the first frame it skips ``Camera.render``'s per-call overhead (the render
+    preset's scene flags are set once on the private camera, not overridden and restored
+    per frame); the frame is copied to a C-contiguous uint8 ``[H, W, 3]`` array.
 
     Attributes: ``render_preset`` (``standard`` or ``fast``, resolved from ``auto``),
     ``physics`` (the dm_control ``Physics``, via attribute fall-through).
@@ -223,6 +339,7 @@ class DMCObservation(Wrapper):
         self._state = observation in ("state", "pixels_state")
         self.render_preset = render_preset if self._pixels else None
         self._camera = None
+        self._direct = False  # render through _render_direct (set up by the first render)
         self._flags = dict(_FAST_FLAGS) if render_preset == "fast" else {}
         inner = env.observation_spec()["observations"]
         self._spec: Dict[str, specs.Array] = {}
@@ -239,23 +356,45 @@ class DMCObservation(Wrapper):
     def render(self) -> np.ndarray:
         """Renders the current state: uint8 ``[H, W, 3]``, C-contiguous, a fresh array."""
         if self._camera is None:
-            from dm_control.mujoco import engine  # pylint: disable=import-outside-toplevel
+            return self._first_render()
+        if self._direct:
+            return self._render_direct()
+        return np.ascontiguousarray(self._camera.render(render_flag_overrides=dict(self._flags)))
 
-            try:
-                self._camera = engine.Camera(
-                    self._physics, height=self._height, width=self._width, camera_id=self._camera_id
-                )
-                frame = self._camera.render(render_flag_overrides=dict(self._flags))
-            except EnvError:
-                raise
-            except ValueError as exc:  # camera id or size out of range (checked before, kept for safety)
-                raise EnvError(f"dmc rendering options were refused by dm_control: {exc}") from exc
-            except Exception as exc:  # OpenGL context creation failed
-                self._camera = None
-                raise _gl_error(exc) from exc
-        else:
+    def _first_render(self) -> np.ndarray:
+        from dm_control.mujoco import engine  # pylint: disable=import-outside-toplevel
+
+        try:
+            self._camera = engine.Camera(
+                self._physics, height=self._height, width=self._width, camera_id=self._camera_id
+            )
             frame = self._camera.render(render_flag_overrides=dict(self._flags))
-        return np.ascontiguousarray(frame)
+        except EnvError:
+            raise
+        except ValueError as exc:  # camera id or size out of range (checked before, kept for safety)
+            raise EnvError(f"dmc rendering options were refused by dm_control: {exc}") from exc
+        except Exception as exc:  # OpenGL context creation failed
+            self._camera = None
+            raise _gl_error(exc) from exc
+        frame = np.ascontiguousarray(frame)
+        camera = self._camera
+        if all(hasattr(camera, name) for name in ("update", "scene", "_render_on_gl_thread", "_rgb_buffer")):
+            # The camera is private to this env: set the preset's scene flags once, for good,
+            # instead of Camera.render's per-call override context (flag copy and restore).
+            # mjv_updateScene leaves the scene flags alone.
+            for key, value in self._flags.items():
+                camera.scene.flags[_render_flag_index(key)] = value
+            self._direct = True
+        return frame
+
+    def _render_direct(self) -> np.ndarray:
+        """``Camera.render`` for an RGB frame without overlays, minus its per-call overhead."""
+        camera = self._camera
+        camera.update()
+        with self._physics.contexts.gl.make_current() as ctx:  # another env's context may be current
+            ctx.call(camera._render_on_gl_thread, depth=False, overlays=())  # pylint: disable=protected-access
+        # The buffer's first row is the image's bottom row (Camera.render returns np.flipud).
+        return np.ascontiguousarray(camera._rgb_buffer[::-1])  # pylint: disable=protected-access
 
     def _convert(self, timestep: dm_env.TimeStep) -> dm_env.TimeStep:
         obs: Dict[str, np.ndarray] = {}
@@ -275,6 +414,7 @@ class DMCObservation(Wrapper):
         if self._camera is not None:
             self._camera._scene.free()  # pylint: disable=protected-access
             self._camera = None
+            self._direct = False
         super().close()
 
 
@@ -286,6 +426,7 @@ def make_dmc(
     action_repeat: int = 4,
     render: str = "auto",
     observation: str = "pixels",
+    fast_repeat: bool = True,
 ) -> dm_env.Environment:
     """Builds ``dmc/DOMAIN-TASK`` (see the module docstring for every option).
 
@@ -299,6 +440,9 @@ def make_dmc(
       render: ``standard``, ``fast`` or ``auto``.
       observation: ``pixels`` (``{"pixels"}``), ``pixels_state`` (``{"pixels", "state"}``) or
         ``state`` (``{"state"}``, no rendering).
+      fast_repeat: repeat actions inside the control loop, computing the task's observation
+        only when it is returned (same timesteps, cheaper; see the module docstring);
+        ``False`` repeats dm_control's own ``env.step``.
 
     Returns:
       A ``dm_env.Environment`` with flat-dict observations; ``render_preset`` holds the
@@ -309,6 +453,8 @@ def make_dmc(
     observation = _choice_option("observation", observation, OBSERVATION_MODES)
     if isinstance(action_repeat, bool) or not isinstance(action_repeat, (int, np.integer)) or action_repeat < 1:
         raise EnvError(f"dmc option action_repeat must be an integer of at least 1, got {action_repeat!r}.")
+    if not isinstance(fast_repeat, (bool, np.bool_)):
+        raise EnvError(f"dmc option fast_repeat must be true or false, got {fast_repeat!r}.")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
         raise EnvError(f"seed must be an integer or None, got {seed!r}.")
     domain, task = parse_dmc_id(env_id)
@@ -346,7 +492,9 @@ def make_dmc(
             model.vis.quality.shadowsize = 0
             model.vis.quality.offsamples = 0
     inner: dm_env.Environment = env
-    if action_repeat > 1:
+    if fast_repeat and _supports_fast_repeat(env):
+        inner = _ControlRepeat(env, int(action_repeat), observe=observation != "pixels")
+    elif action_repeat > 1:
         inner = ActionRepeat(inner, int(action_repeat))
     wrapped = DMCObservation(inner, physics, (height, width), camera, preset, observation)
     if pixels:

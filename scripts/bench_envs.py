@@ -4,7 +4,8 @@
 For each task and render preset, makes the env (84x84 pixels, action repeat 4 by default),
 resets, and steps it with uniformly random actions for at most ``--steps`` agent steps or
 ``--seconds`` seconds; reports agent steps/s (one render and ``action_repeat`` physics
-control steps each), timed after make and the first reset.
+control steps each), timed after make and the first reset, by the wall clock and per
+second of the process's CPU time (steadier when other processes share the cores).
 
 One core: this entry point limits BLAS/OpenMP and Mesa's llvmpipe rasteriser to one thread
 (``OMP_NUM_THREADS=1``, ``LP_NUM_THREADS=1``, unless already set) before NumPy and the
@@ -14,6 +15,7 @@ Usage::
 
     MUJOCO_GL=egl python scripts/bench_envs.py            # table
     MUJOCO_GL=egl python scripts/bench_envs.py --json     # one JSON object
+    MUJOCO_GL=egl python scripts/bench_envs.py --presets fast --fast-repeat both --repeats 3
 """
 
 from __future__ import annotations
@@ -34,22 +36,44 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--presets", nargs="+", default=["standard", "fast"], choices=["standard", "fast", "auto"])
     parser.add_argument("--size", type=int, default=84, help="image height and width")
     parser.add_argument("--action-repeat", type=int, default=4)
+    parser.add_argument(
+        "--observation", default="pixels", choices=["pixels", "pixels_state", "state"],
+        help="dmc observation mode (state: no rendering)",
+    )
+    parser.add_argument(
+        "--fast-repeat", default="on", choices=["on", "off", "both"],
+        help="dmc fast action repeat (off: dm_control's own env.step per repeat; both: measure each)",
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration; the best is reported")
+    parser.add_argument(
+        "--best-by", default="agent_steps_per_s", choices=["agent_steps_per_s", "agent_steps_per_cpu_s"],
+        help="which rate picks the best of --repeats (CPU time is steadier on a busy machine)",
+    )
     parser.add_argument("--steps", type=int, default=1000, help="at most this many agent steps per run")
     parser.add_argument("--seconds", type=float, default=15.0, help="at most this long per run")
     parser.add_argument("--cpu", type=int, default=None, help="pin the process to this CPU")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.seconds <= 0 or args.size < 1 or args.action_repeat < 1:
-        parser.error("--steps, --seconds, --size and --action-repeat must be positive.")
+    if args.steps < 1 or args.seconds <= 0 or args.size < 1 or args.action_repeat < 1 or args.repeats < 1:
+        parser.error("--steps, --seconds, --size, --action-repeat and --repeats must be positive.")
     return args
 
 
-def bench(env_id: str, preset: str, args) -> dict:
+def bench(env_id: str, preset: str, fast_repeat: bool, args) -> dict:
+    """The best of ``args.repeats`` runs."""
+    runs = [_bench_once(env_id, preset, fast_repeat, args) for _ in range(args.repeats)]
+    return max(runs, key=lambda r: r[args.best_by])
+
+
+def _bench_once(env_id: str, preset: str, fast_repeat: bool, args) -> dict:
     import numpy as np  # after the thread limits are set
 
     import envs
 
-    env = envs.make(env_id, seed=0, size=args.size, action_repeat=args.action_repeat, render=preset)
+    kwargs = {}
+    if env_id.startswith("dmc/"):
+        kwargs = dict(observation=args.observation, fast_repeat=fast_repeat, size=args.size, render=preset)
+    env = envs.make(env_id, seed=0, action_repeat=args.action_repeat, **kwargs)
     spec = env.action_spec()
     rng = np.random.default_rng(0)
     lo = np.broadcast_to(spec.minimum, spec.shape)
@@ -57,6 +81,7 @@ def bench(env_id: str, preset: str, args) -> dict:
     actions = rng.uniform(lo, hi, size=(256,) + spec.shape).astype(spec.dtype)
     env.reset()
     steps = 0
+    cpu_start = time.process_time()
     start = time.perf_counter()
     deadline = start + args.seconds
     while steps < args.steps:
@@ -67,16 +92,21 @@ def bench(env_id: str, preset: str, args) -> dict:
         if (steps & 15) == 0 and time.perf_counter() > deadline:
             break
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
     env.close()
     return {
         "env_id": env_id,
-        "render": env.render_preset,
+        "render": getattr(env, "render_preset", None),
+        "observation": args.observation if env_id.startswith("dmc/") else None,
+        "fast_repeat": fast_repeat if env_id.startswith("dmc/") else None,
         "size": args.size,
         "action_repeat": args.action_repeat,
         "agent_steps": steps,
         "seconds": round(elapsed, 3),
         "agent_steps_per_s": round(steps / elapsed, 1),
         "control_steps_per_s": round(steps * args.action_repeat / elapsed, 1),
+        "cpu_seconds": round(cpu, 3),
+        "agent_steps_per_cpu_s": round(steps / cpu, 1),
     }
 
 
@@ -92,7 +122,13 @@ def main(argv=None) -> int:
     from envs import dmc
 
     try:
-        results = [bench(env_id, preset, args) for env_id in args.tasks for preset in args.presets]
+        fast_repeats = {"on": [True], "off": [False], "both": [False, True]}[args.fast_repeat]
+        results = [
+            bench(env_id, preset, fast, args)
+            for env_id in args.tasks
+            for preset in args.presets
+            for fast in fast_repeats
+        ]
         renderer = dmc.renderer_name()
     except envs.EnvError as exc:
         print(f"bench_envs: {exc}", file=sys.stderr)
@@ -109,11 +145,15 @@ def main(argv=None) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(f"renderer: {renderer} (MUJOCO_GL={report['mujoco_gl']}, LP_NUM_THREADS={report['lp_num_threads']})")
-        print(f"{'env':28s} {'render':8s} {'agent steps/s':>14s} {'control steps/s':>16s} {'steps':>6s}")
+        print(
+            f"{'env':28s} {'render':8s} {'observation':12s} {'fast_repeat':11s} {'agent steps/s':>14s} "
+            f"{'control steps/s':>16s} {'steps/cpu-s':>12s} {'steps':>6s}"
+        )
         for r in results:
             print(
-                f"{r['env_id']:28s} {r['render']:8s} {r['agent_steps_per_s']:14.1f} "
-                f"{r['control_steps_per_s']:16.1f} {r['agent_steps']:6d}"
+                f"{r['env_id']:28s} {str(r['render']):8s} {str(r['observation']):12s} {str(r['fast_repeat']):11s} "
+                f"{r['agent_steps_per_s']:14.1f} "
+                f"{r['control_steps_per_s']:16.1f} {r['agent_steps_per_cpu_s']:12.1f} {r['agent_steps']:6d}"
             )
     return 0
 
