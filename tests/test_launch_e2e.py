@@ -89,10 +89,9 @@ def test_killed_actor_is_restarted_and_sigterm_leaves_a_loadable_checkpoint(tmp_
     lines = []
     try:
         assert _wait_for(proc, "step ", lines, 240), "".join(lines)
-        children = subprocess.run(["pgrep", "-f", f"actors.run --learner-address"], capture_output=True, text=True)
-        pids = [int(p) for p in children.stdout.split()]
-        mine = [p for p in pids if open(f"/proc/{p}/cmdline").read().find(sys.executable) >= 0]
-        assert len(mine) >= 2
+        children = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "actors.run"], capture_output=True, text=True)
+        mine = [int(p) for p in children.stdout.split()]  # this launcher's actor processes only
+        assert len(mine) == 2, children
         os.kill(mine[0], signal.SIGKILL)
         assert _wait_for(proc, "restarting it (1/10)", lines, 60), "".join(lines)
         assert _wait_for(proc, "step ", lines, 60), "".join(lines)
