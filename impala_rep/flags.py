@@ -61,6 +61,11 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--learning-rate", type=float, default=6e-4)
     g.add_argument("--entropy-cost", type=float, default=0.01)
     g.add_argument("--baseline-cost", type=float, default=0.5)
+    g.add_argument("--reward-scale", type=_positive_float, default=None,
+                   help="multiply rewards in the loss (default: 1/action-repeat for dmc/ ids, whose repeated "
+                        "rewards are summed, else 1)")
+    g.add_argument("--reward-clip", type=_positive_float, default=None,
+                   help="clip (scaled) rewards to [-x, x] in the loss (IMPALA's Atari setting: 1)")
     g.add_argument("--clip-norm", type=float, default=40.0, help="global-norm gradient clip")
     g.add_argument("--no-anneal", action="store_true", help="keep the learning rate constant instead of annealing it to 0")
     g.add_argument("--jit", action="store_true", help="compile the learner step with XLA")
@@ -105,7 +110,15 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     network: Dict[str, Any] = {"torso": args.network, "policy": args.policy, "bins": args.bins}
     if args.lstm_size is not None:
         network["lstm_size"] = args.lstm_size
-    loss = {"discount": args.discount, "entropy_cost": args.entropy_cost, "baseline_cost": args.baseline_cost}
+    env_kwargs = parse_env_kwargs(args.env_arg)
+    reward_scale = args.reward_scale
+    if reward_scale is None:
+        repeat = env_kwargs.get("action_repeat", 4 if args.env.startswith("dmc/") else 1)
+        reward_scale = 1.0 / repeat if isinstance(repeat, int) and repeat >= 1 else 1.0
+    loss = {"discount": args.discount, "entropy_cost": args.entropy_cost, "baseline_cost": args.baseline_cost,
+            "reward_scale": reward_scale}
+    if args.reward_clip is not None:
+        loss["reward_clip"] = args.reward_clip
     optimizer: Dict[str, Any] = {"learning_rate": args.learning_rate, "clip_norm": args.clip_norm}
     updates = -(-args.total_steps // (args.unroll_length * args.batch_size))
     if not args.no_anneal:
@@ -113,7 +126,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     token: Optional[str] = args.token or os.environ.get("IMPALA_REP_TOKEN") or None
     return RunConfig(
         env=args.env,
-        env_kwargs=parse_env_kwargs(args.env_arg),
+        env_kwargs=env_kwargs,
         actors=getattr(args, "actors", 1),
         actor_processes=getattr(args, "actor_processes", None),
         learner=args.learner,

@@ -67,6 +67,11 @@ class LossConfig:
       clip_rho_threshold: V-trace's rho-bar, or None for no clipping.
       clip_pg_rho_threshold: rho-bar of the policy-gradient advantages, or None.
       lambda_: V-trace's trace coefficient in [0, 1].
+      reward_scale: rewards are multiplied by this before the loss sees them (e.g.
+        1/action_repeat keeps DM Control's summed rewards in [0, 1]); returns reported by
+        actors stay in the env's own units.
+      reward_clip: after scaling, rewards are clipped to [-reward_clip, reward_clip]
+        (IMPALA's Atari setting is 1); None leaves them as they are.
     """
 
     discount: float = 0.99
@@ -75,6 +80,8 @@ class LossConfig:
     clip_rho_threshold: Optional[float] = 1.0
     clip_pg_rho_threshold: Optional[float] = 1.0
     lambda_: float = 1.0
+    reward_scale: float = 1.0
+    reward_clip: Optional[float] = None
 
     def __post_init__(self):
         def number(name: str) -> float:
@@ -95,6 +102,10 @@ class LossConfig:
                 )
         if not 0.0 <= number("lambda_") <= 1.0:
             raise ValueError(f"LossConfig.lambda_ must lie in [0, 1], got {self.lambda_}.")
+        if not number("reward_scale") > 0.0:
+            raise ValueError(f"LossConfig.reward_scale must be positive, got {self.reward_scale}.")
+        if self.reward_clip is not None and not number("reward_clip") > 0.0:
+            raise ValueError(f"LossConfig.reward_clip must be positive, or None for no clipping; got {self.reward_clip}.")
 
 
 def _shape_str(shape: Any) -> str:
@@ -230,7 +241,9 @@ def loss_terms(
         # Importance weight 0 for transitions that start at a LAST step.
         log_rhos = tf.where(mask > 0, log_rhos, tf.fill(tf.shape(log_rhos), -math.inf))
         discounts = config.discount * discount[1:]
-        rewards = reward[1:]
+        rewards = reward[1:] * config.reward_scale
+        if config.reward_clip is not None:
+            rewards = tf.clip_by_value(rewards, -config.reward_clip, config.reward_clip)
         values_t = values[:-1]
         vt = vtrace.from_importance_weights(
             log_rhos=log_rhos,

@@ -89,3 +89,20 @@ def test_supervisor_stop_terminates_running_actors(tmp_path):
     sup.stop(timeout=5)
     assert sup.alive == 0 and time.monotonic() - t0 < 10
     assert sup.poll() == []  # no restarts while stopping
+
+
+@pytest.mark.parametrize(
+    "argv, scale",
+    [
+        (["--env", "dmc/cartpole-swingup"], 0.25),  # dmc sums 4 repeated rewards by default
+        (["--env", "dmc/cartpole-swingup", "--env-arg", "action_repeat=8"], 0.125),
+        (["--env", "catch"], 1.0),
+        (["--env", "dmc/cartpole-swingup", "--reward-scale", "0.5"], 0.5),
+    ],
+)
+def test_reward_scale_defaults_to_one_over_the_action_repeat(argv, scale):
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    config = config_from_args(build_parser().parse_args(argv))
+    assert config.loss["reward_scale"] == scale

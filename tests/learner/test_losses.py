@@ -96,6 +96,8 @@ def test_loss_config_defaults_follow_design():
         ({"lambda_": 1.1}, ValueError),
         ({"discount": "0.99"}, TypeError),
         ({"entropy_cost": float("nan")}, TypeError),
+        ({"reward_scale": 0.0}, ValueError),
+        ({"reward_clip": -1.0}, ValueError),
     ],
 )
 def test_loss_config_validation(kwargs, error):
@@ -119,6 +121,23 @@ def test_matches_numpy_reference(config):
     assert metrics["num_transitions"].numpy() == 10  # 12 transitions, two start at a LAST step
     for key in ("loss", "pg_loss", "baseline_loss", "entropy_loss", "entropy_sum", "rho_sum", "vs_sum"):
         assert metrics[key].shape == () and np.isfinite(metrics[key].numpy())
+
+
+def test_reward_scale_and_clip_act_on_the_rewards_the_loss_sees():
+    step_type = np.array([[0, 1], [1, 1], [2, 1], [0, 2], [1, 0], [1, 1], [2, 1]])
+    batch, logits, values = make_batch(step_type, None, B=2, seed=3)
+    batch["reward"] = batch["reward"] * 4.0
+    scaled = dict(batch, reward=batch["reward"] * 0.25)
+    clipped = dict(batch, reward=np.clip(batch["reward"] * 0.25, -0.5, 0.5))
+
+    def loss(b, config):
+        return impala_loss(POLICY, {"logits": tf.constant(logits)}, tf.constant(values), b, config)[0].numpy()
+
+    np.testing.assert_allclose(loss(batch, LossConfig(reward_scale=0.25)), loss(scaled, LossConfig()), rtol=1e-6)
+    np.testing.assert_allclose(
+        loss(batch, LossConfig(reward_scale=0.25, reward_clip=0.5)), loss(clipped, LossConfig()), rtol=1e-6
+    )
+    assert not np.isclose(loss(batch, LossConfig(reward_scale=0.25)), loss(batch, LossConfig()))
 
 
 def test_frozen_hand_checked_loss():
