@@ -21,27 +21,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # entry point: sibling scripts
 
 
 def tree_rss_mb(root: int) -> float:
     """Sum of VmRSS over ``root`` and all its descendants (Linux /proc)."""
-    children: Dict[int, List[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    total_kb, stack = 0, [root]
-    while stack:
-        pid = stack.pop()
-        stack.extend(children.get(pid, []))
+    from benchmark import _descendants  # scripts/benchmark.py: the same process-tree walk
+
+    total_kb = 0
+    for pid in [root, *_descendants(root)]:
         try:
             with open(f"/proc/{pid}/status") as f:
                 for line in f:
