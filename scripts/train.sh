@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sets up (idempotent) and trains on a pixel DM Control task with a CPU learner on this
-# machine. Extra arguments go to `python -m impala_rep.launch` after the defaults (a repeated
-# flag overrides, except --env-arg, which adds a key and may not repeat one)
-# below, which are the settings of the cartpole run in docs/RESULTS.md (action repeat 8,
-# an 11-bin discretised policy, rewards scaled by 1/8, gradient clip 1000).
+# machine. The defaults below are the settings of the cartpole run in docs/RESULTS.md
+# (action repeat 8, an 11-bin discretised policy, rewards scaled by 1/8, gradient clip
+# 1000). Extra arguments go to `python -m impala_rep.launch` after them: a repeated flag
+# overrides, except --env-arg, which adds a key (and may not repeat one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${EXTRAS:-plots}" bash scripts/setup.sh
