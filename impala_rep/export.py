@@ -126,15 +126,8 @@ def load_policy(path: str) -> LoadedPolicy:
         policy = make_policy(env_spec.action, config)
     except (KeyError, TypeError, ValueError) as exc:
         raise PolicyLoadError(f"{directory}/{_META} does not describe a network this version can build ({exc}).") from exc
-    expected = network.params
-    missing = sorted(set(expected) - set(params))
-    extra = sorted(set(params) - set(expected))
-    if missing or extra:
-        raise PolicyLoadError(f"{directory}/{_PARAMS} does not match the network: missing {missing}, unexpected {extra}.")
-    for name, value in params.items():
-        if value.shape != expected[name].shape:
-            raise PolicyLoadError(
-                f"{directory}/{_PARAMS}: parameter {name} has shape {value.shape}, the network expects {expected[name].shape}."
-            )
-    network.set_params(params)
+    try:
+        network.set_params(params)
+    except ValueError as exc:
+        raise PolicyLoadError(f"{directory}/{_PARAMS} does not match the network: {exc}") from exc
     return LoadedPolicy(metadata=meta, env_spec=env_spec, network=network, policy=policy, frame_stack=frame_stack)

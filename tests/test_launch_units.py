@@ -106,3 +106,30 @@ def test_reward_scale_defaults_to_one_over_the_action_repeat(argv, scale):
 
     config = config_from_args(build_parser().parse_args(argv))
     assert config.loss["reward_scale"] == scale
+
+
+def test_exported_policy_round_trips_and_mismatched_weights_are_a_sentence(tmp_path):
+    import numpy as np
+
+    import envs
+    from impala_rep.export import PolicyLoadError, load_policy, save_policy
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.networks.numpy_backend import NumpyNetwork
+    from impala_rep.specs import env_spec_from_dm_env
+
+    spec = env_spec_from_dm_env(envs.make("catch", seed=0))
+    net = NumpyNetwork(NetworkConfig(), spec.observations, spec.action, seed=3)
+    meta = {"env": "catch", "env_spec": spec.to_json(), "network": {}, "frame_stack": {}}
+    loaded = load_policy(save_policy(str(tmp_path / "ok"), net.params, meta))
+    for name, value in net.params.items():
+        np.testing.assert_array_equal(loaded.network.params[name], value)
+    bad = dict(net.params)
+    name = sorted(bad)[0]
+    bad[name] = np.zeros(bad[name].shape + (2,), np.float32)
+    save_policy(str(tmp_path / "bad"), bad, meta)
+    with pytest.raises(PolicyLoadError, match=f"does not match the network: .*{name}.*must have shape"):
+        load_policy(str(tmp_path / "bad"))
+    del bad[name]
+    save_policy(str(tmp_path / "missing"), bad, meta)
+    with pytest.raises(PolicyLoadError, match="missing"):
+        load_policy(str(tmp_path / "missing"))

@@ -141,6 +141,27 @@ class NetworkPlan:
     head_shapes: Mapping[str, Tuple[int, ...]]
     param_shapes: Mapping[str, Tuple[int, ...]]  # insertion-ordered
 
+    def check_params(self, params: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+        """``params`` as float32 arrays, checked against :attr:`param_shapes`.
+
+        Raises ``ValueError`` on missing, extra or misshapen parameters (both backends'
+        ``set_params`` and exported-policy loading use this one check).
+        """
+        expected = self.param_shapes
+        missing = sorted(set(expected) - set(params))
+        extra = sorted(set(params) - set(expected))
+        if missing or extra:
+            raise ValueError(
+                f"set_params: parameter names do not match the network; missing {missing}, unexpected {extra}."
+            )
+        out = {}
+        for name, shape in expected.items():
+            value = np.asarray(params[name], dtype=np.float32)
+            if value.shape != tuple(shape):
+                raise ValueError(f"set_params: {name!r} must have shape {list(shape)}, got {list(value.shape)}.")
+            out[name] = value
+        return out
+
 
 def _valid_out(size: int, kernel: int, stride: int) -> int:
     return (size - kernel) // stride + 1

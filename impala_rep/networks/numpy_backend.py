@@ -176,19 +176,7 @@ class NumpyNetwork:
 
     def set_params(self, params: Mapping[str, Any]) -> None:
         """Replaces every parameter; raises ``ValueError`` on missing, extra or misshapen ones."""
-        expected = self.plan.param_shapes
-        missing = sorted(set(expected) - set(params))
-        extra = sorted(set(params) - set(expected))
-        if missing or extra:
-            raise ValueError(
-                f"set_params: parameter names do not match the network; missing {missing}, unexpected {extra}."
-            )
-        new = {}
-        for name, shape in expected.items():
-            value = np.asarray(params[name], dtype=np.float32)
-            if value.shape != tuple(shape):
-                raise ValueError(f"set_params: {name!r} must have shape {list(shape)}, got {list(value.shape)}.")
-            new[name] = np.ascontiguousarray(value)
+        new = {name: np.ascontiguousarray(v) for name, v in self.plan.check_params(params).items()}
         self._params = new
         self._derived = {}
 

@@ -143,19 +143,9 @@ class TFNetwork(tf.Module):
 
     def set_params(self, params: Mapping[str, Any]) -> None:
         """Assigns every parameter; raises ``ValueError`` on missing, extra or misshapen ones."""
-        expected = self.plan.param_shapes
-        missing = sorted(set(expected) - set(params))
-        extra = sorted(set(params) - set(expected))
-        if missing or extra:
-            raise ValueError(
-                f"set_params: parameter names do not match the network; missing {missing}, unexpected {extra}."
-            )
-        for name, shape in expected.items():
-            value = np.asarray(params[name], dtype=np.float32)
-            if value.shape != tuple(shape):
-                raise ValueError(f"set_params: {name!r} must have shape {list(shape)}, got {list(value.shape)}.")
+        checked = self.plan.check_params(params)
         for name, var in self.named_variables.items():
-            var.assign(np.asarray(params[name], dtype=np.float32))
+            var.assign(checked[name])
 
     def initial_state(self, batch: int) -> Dict[str, tf.Tensor]:
         """Zero LSTM state ``{"h": [B, H], "c": [B, H]}``; empty without an LSTM."""
