@@ -183,6 +183,39 @@ def test_rebuild_stack_equals_the_rule_written_out():
         np.testing.assert_array_equal(got, _stack_oracle(frames, prefix, step_type))
 
 
+def test_frame_stacker_equals_the_rule_written_out_and_returns_fresh_arrays():
+    """Batched and unbatched stackers against the oracle, for several K, C and dtypes; every
+    returned stack must stay as it was (the stacker reuses its internal buffers)."""
+    rng = np.random.default_rng(5)
+    for k in (1, 2, 3, 4):
+        for dtype in (np.uint8, np.float32):
+            steps, b, c = 12, 3, int(rng.integers(1, 4))
+            frames = rng.integers(0, 255, (steps, b, 4, 3, c)).astype(dtype)
+            step_type = rng.choice([STEP_FIRST, STEP_MID, STEP_LAST], (steps, b)).astype(np.uint8)
+            step_type[0] = STEP_FIRST
+            want = _stack_oracle(frames, np.zeros((k - 1, b, 4, 3, c), dtype), step_type)
+            batched = FrameStacker(k, batch_size=b)
+            singles = [FrameStacker(k) for _ in range(b)]
+            got, got_single, hist = [], [], []
+            for t in range(steps):
+                if t:
+                    hist.append(batched.history())
+                got.append(batched.push(frames[t], first=step_type[t] == STEP_FIRST))
+                got_single.append([s.push(frames[t, e], first=step_type[t, e] == STEP_FIRST) for e, s in enumerate(singles)])
+            for t in range(steps):
+                assert got[t].dtype == dtype and got[t].shape == (b, 4, 3, c * k)
+                np.testing.assert_array_equal(got[t], want[t], err_msg=f"k={k} {dtype} step {t}")
+                for e in range(b):
+                    np.testing.assert_array_equal(got_single[t][e], want[t, e])
+            for t in range(1, steps):  # history before step t = the K-1 newest frames of step t-1's stack
+                expect = want[t - 1].reshape(b, 4, 3, k, c)[:, :, :, 1:]
+                np.testing.assert_array_equal(hist[t - 1], np.moveaxis(expect, 3, 1))
+    with pytest.raises(ValueError, match="frame of shape"):
+        s = FrameStacker(2)
+        s.push(np.zeros((4, 4, 3), np.uint8), True)
+        s.push(np.zeros((4, 5, 3), np.uint8), False)
+
+
 def test_learner_stacks_equal_the_actor_stacks_across_episode_boundaries():
     """Simulates an actor with FrameStacker over B envs with random episode ends, sends single
     frames plus prefixes, and checks that the batcher's stacks equal the actor's."""
