@@ -15,14 +15,21 @@ class UsageError(ValueError):
     """A flag value is invalid; the message says which and what is accepted."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _int_at_least(minimum: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1, "a positive integer")
+_nonnegative_int = _int_at_least(0, "a whole number (0 or more)")
 
 
 def _positive_float(text: str) -> float:
@@ -68,6 +75,9 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="clip (scaled) rewards to [-x, x] in the loss (IMPALA's Atari setting: 1)")
     g.add_argument("--clip-norm", type=float, default=40.0, help="global-norm gradient clip")
     g.add_argument("--no-anneal", action="store_true", help="keep the learning rate constant instead of annealing it to 0")
+    g.add_argument("--lr-warmup", type=_nonnegative_int, default=None, metavar="STEPS",
+                   help="ramp the learning rate up linearly over the first STEPS learner steps (default: 100, or "
+                        "5%% of the run's learner steps if that is fewer; 0: none)")
     g.add_argument("--jit", action="store_true", help="compile the learner step with XLA")
     g.add_argument("--total-steps", type=_positive_int, default=2_000_000,
                    help="budget in agent steps trained on (each is action-repeat env frames)")
@@ -123,6 +133,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     updates = -(-args.total_steps // (args.unroll_length * args.batch_size))
     if not args.no_anneal:
         optimizer["anneal_steps"] = updates
+    optimizer["warmup_steps"] = min(100, updates // 20) if args.lr_warmup is None else args.lr_warmup
     token: Optional[str] = args.token or os.environ.get("IMPALA_REP_TOKEN") or None
     return RunConfig(
         env=args.env,

@@ -72,8 +72,9 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     log.info("plan: %s", plan.describe())
 
-    # The learner gets the cores the actor processes leave (at least one).
-    configure_threads(int(os.environ.get("IMPALA_REP_LEARNER_THREADS", max(1, available_cores() - plan.processes))))
+    # The learner may use every core: when the queue is full the actors block and the cores
+    # are its (synthetic benchmark: 1 thread 749, all 2 cores 1,011 agent steps/s; BENCHMARKS.md).
+    configure_threads(int(os.environ.get("IMPALA_REP_LEARNER_THREADS", available_cores())))
     from actors.supervisor import ActorSupervisor
     from learner.run import start_trainer
 

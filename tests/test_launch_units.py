@@ -133,3 +133,17 @@ def test_exported_policy_round_trips_and_mismatched_weights_are_a_sentence(tmp_p
     save_policy(str(tmp_path / "missing"), bad, meta)
     with pytest.raises(PolicyLoadError, match="missing"):
         load_policy(str(tmp_path / "missing"))
+
+
+def test_lr_warmup_flag_reaches_the_optimizer_config_and_rejects_negatives(capsys):
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    assert config_from_args(parser.parse_args(["--env", "catch"])).optimizer["warmup_steps"] == 100
+    short = ["--env", "catch", "--total-steps", "64000", "--unroll-length", "20", "--batch-size", "32"]  # 100 updates
+    assert config_from_args(parser.parse_args(short)).optimizer["warmup_steps"] == 5
+    assert config_from_args(parser.parse_args(["--env", "catch", "--lr-warmup", "0"])).optimizer["warmup_steps"] == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--env", "catch", "--lr-warmup", "-5"])
+    assert "expected a whole number (0 or more), got -5" in capsys.readouterr().err
