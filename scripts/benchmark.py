@@ -232,6 +232,7 @@ def select_window(records: Sequence[Mapping[str, Any]], warmup: float, seconds: 
         "window_seconds": elapsed,
         "window_agent_steps": agent,
         "warmup_seconds": start["time"] - t0,
+        "window_start_time": start["time"],
     }
     for key in ("queue_fill", "policy_lag_mean", "time_share/wait_batch", "time_share/train", "time_share/publish",
                 "transport/megabytes_per_second"):
@@ -393,6 +394,50 @@ def _descendants(pid: int) -> List[int]:
     return out
 
 
+def _cpu_seconds(pid: int) -> Optional[float]:
+    """User + system CPU seconds of one process (all its threads), or ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _machine_busy_seconds() -> Optional[float]:
+    """CPU seconds all cores spent busy since boot (``/proc/stat``: all but idle and iowait)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+        return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def cpu_sample(launcher_pid: int) -> Dict[str, Any]:
+    """CPU seconds so far of the launcher (= learner) process, of its descendants (the actor
+    processes) and of the whole machine, stamped with the wall-clock time."""
+    actors = [c for c in (_cpu_seconds(pid) for pid in _descendants(launcher_pid)) if c is not None]
+    return {"time": time.time(), "learner": _cpu_seconds(launcher_pid), "actors": sum(actors),
+            "actor_processes": len(actors), "machine": _machine_busy_seconds()}
+
+
+def cpu_split(samples: Sequence[Mapping[str, Any]], start: float, end: float) -> Optional[Dict[str, float]]:
+    """Cores used on average between wall-clock times ``start`` and ``end`` by the learner
+    process, the actor processes and the whole machine, from the two samples closest to
+    those times (``None`` with fewer than two usable samples). Actor processes that start or
+    end inside the window make its actor figure approximate."""
+    usable = [s for s in samples if s.get("learner") is not None and s.get("machine") is not None]
+    if len(usable) < 2:
+        return None
+    a = min(usable, key=lambda s: abs(s["time"] - start))
+    b = min(usable, key=lambda s: abs(s["time"] - end))
+    if b["time"] <= a["time"]:
+        return None
+    elapsed = b["time"] - a["time"]
+    return {f"cores_{k}": (b[k] - a[k]) / elapsed for k in ("learner", "actors", "machine")}
+
+
 def _stop_launch(proc: subprocess.Popen, timeout: float) -> Optional[int]:
     """SIGTERM (clean stop: final checkpoint, actors stopped); SIGKILL the tree after ``timeout``."""
     if proc.poll() is not None:
@@ -441,8 +486,10 @@ def measure_end_to_end(workload: Workload, args) -> Dict[str, Any]:
         try:
             deadline = started + args.startup_timeout + args.warmup + args.seconds + 10 * args.log_interval
             window = None
+            samples: List[Dict[str, Any]] = []
             while window is None:
                 time.sleep(0.5)
+                samples.append(cpu_sample(proc.pid))
                 records = read_metrics(logdir / "run" / "metrics.jsonl")
                 window = select_window(records, args.warmup, args.seconds)
                 if proc.poll() is not None:
@@ -460,6 +507,9 @@ def measure_end_to_end(workload: Workload, args) -> Dict[str, Any]:
                     break
             if window is not None:
                 result.update(window)
+                split = cpu_split(samples, window["window_start_time"], window["window_start_time"] + window["window_seconds"])
+                if split is not None:
+                    result.update(split)
                 first = next(r for r in records if r.get("learner_step", 0) > 0)
                 result["first_record_after_s"] = first["time"] - started_wall
                 plan = [l for l in log_path.read_text(errors="replace").splitlines() if "plan:" in l]
@@ -608,6 +658,9 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
             if "error" not in e:
                 lines.append(f"  {'':32s} over {e['window_seconds']:.1f} s; queue fill {e.get('queue_fill', float('nan')):.2f}, "
                              f"policy lag {e.get('policy_lag_mean', float('nan')):.1f}; plan: {e.get('plan', '?')}")
+                if "cores_machine" in e:
+                    lines.append(f"  {'':32s} cores used: learner process {e['cores_learner']:.2f}, actor processes "
+                                 f"{e['cores_actors']:.2f}, whole machine {e['cores_machine']:.2f} of {r.get('cores', available_cores()):g}")
         if "ratio_to_ceiling" in r:
             lines.append(f"  {'ratio to ceiling':32s} {100 * r['ratio_to_ceiling']:10.1f} %")
     return "\n".join(lines)

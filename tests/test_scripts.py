@@ -100,6 +100,30 @@ def test_select_window_uses_record_times_not_counts():
     assert window["agent_steps_per_s"] == pytest.approx(3 * 640 / 6.0)
 
 
+def test_cpu_split_is_cores_used_between_the_samples_nearest_the_window():
+    samples = [{"time": 100.0 + i, "learner": 1.5 * i, "actors": 0.5 * i, "machine": 1.9 * i} for i in range(10)]
+    split = bench.cpu_split(samples, start=102.2, end=107.9)  # nearest samples: t=102 and t=108
+    assert split == pytest.approx({"cores_learner": 1.5, "cores_actors": 0.5, "cores_machine": 1.9})
+    assert bench.cpu_split(samples[:1], 100.0, 101.0) is None
+    assert bench.cpu_split(samples, 105.0, 105.2) is None  # both ends pick the same sample
+
+
+def test_cpu_sample_counts_a_busy_child_as_an_actor():
+    # The child burns 0.3 s of CPU (however long that takes on a loaded machine), says so,
+    # and sleeps until killed: its CPU time must show up under "actors".
+    code = "import sys, time\nwhile time.process_time() < 0.3: pass\nprint('done', flush=True)\ntime.sleep(60)"
+    a = bench.cpu_sample(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "done"
+        b = bench.cpu_sample(os.getpid())
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert b["actor_processes"] >= 1 and b["actors"] - a["actors"] >= 0.25
+    assert b["learner"] >= a["learner"] and b["machine"] > a["machine"]
+
+
 def test_read_metrics_skips_a_half_written_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"time": 1.0, "agent_steps": 0}) + "\n" + '{"time": 2.0, "agen')
