@@ -181,6 +181,8 @@ def test_rebuild_stack_equals_the_rule_written_out():
         got = rebuild_stack(frames, prefix, step_type)
         assert got.dtype == frames.dtype
         np.testing.assert_array_equal(got, _stack_oracle(frames, prefix, step_type))
+        # Without a batch axis: the same as column 0.
+        np.testing.assert_array_equal(rebuild_stack(frames[:, 0], prefix[:, 0], step_type[:, 0]), got[:, 0])
 
 
 def test_frame_stacker_equals_the_rule_written_out_and_returns_fresh_arrays():
