@@ -463,23 +463,52 @@ def _log_tail(path: Path, lines: int = 5) -> str:
         return "no log"
 
 
+def tree_rss_mb(root: int) -> float:
+    """Sum of VmRSS over ``root`` and all its descendants (Linux /proc), in MB."""
+    total_kb = 0
+    for pid in [root, *_descendants(root)]:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total_kb += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+        except OSError:
+            pass
+    return total_kb / 1024
+
+
 def measure_end_to_end(workload: Workload, args) -> Dict[str, Any]:
     """Agent steps/s trained on through ``python -m impala_rep.launch`` (see module docstring)."""
-    logdir = Path(tempfile.mkdtemp(prefix="impala_bench_"))
-    cmd = [sys.executable, "-m", "impala_rep.launch", "--env", workload.env_id,
-           "--actors", str(args.actors), "--learner", "cpu", "--network", NETWORK,
-           "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE), "--frame-stack", str(FRAME_STACK),
-           "--total-steps", str(10 ** 12), "--no-anneal", "--no-resume", "--logdir", str(logdir / "run"),
-           "--log-interval", str(args.log_interval), "--checkpoint-interval", str(10 ** 7), "--bind", "127.0.0.1"]
+    launch_args = ["--env", workload.env_id, "--actors", str(args.actors), "--learner", "cpu", "--network", NETWORK,
+                   "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE),
+                   "--frame-stack", str(FRAME_STACK), "--no-anneal"]
     for item in workload.env_args():
-        cmd += ["--env-arg", item]
+        launch_args += ["--env-arg", item]
     if args.actor_processes:
-        cmd += ["--actor-processes", str(args.actor_processes)]
+        launch_args += ["--actor-processes", str(args.actor_processes)]
+    result = run_launch_window(launch_args, args)
+    result["actor_processes"] = args.actor_processes or "launcher's choice"
+    return result
+
+
+def run_launch_window(launch_args: Sequence[str], args) -> Dict[str, Any]:
+    """Runs ``python -m impala_rep.launch LAUNCH_ARGS`` on a temporary logdir until the
+    measurement window (``args.warmup``, ``args.seconds``; see :func:`select_window`) has
+    closed, then stops it with SIGTERM. Returns the window's rates, the cores the learner
+    process, the actor processes and the machine used over it, the peak resident memory of
+    the whole process tree, and ``error`` with a sentence if the run failed or stalled.
+
+    ``args`` also gives ``log_interval``, ``startup_timeout``, ``stop_timeout`` and
+    ``keep_logdir``.
+    """
+    logdir = Path(tempfile.mkdtemp(prefix="impala_bench_"))
+    cmd = [sys.executable, "-m", "impala_rep.launch", *launch_args,
+           "--total-steps", str(10 ** 12), "--no-resume", "--logdir", str(logdir / "run"),
+           "--log-interval", str(args.log_interval), "--checkpoint-interval", str(10 ** 7), "--bind", "127.0.0.1"]
     env = _env(threads_one=False)  # the launcher sets the actors' and the learner's thread budgets itself
     log_path = logdir / "launch.log"
     started, started_wall = time.monotonic(), time.time()
-    result: Dict[str, Any] = {"actors": args.actors, "actor_processes": args.actor_processes or "launcher's choice",
-                              "command": " ".join(cmd[1:]), "logdir": str(logdir / "run")}
+    result: Dict[str, Any] = {"command": " ".join(cmd[1:]), "logdir": str(logdir / "run")}
+    if "--actors" in launch_args:
+        result["actors"] = int(launch_args[list(launch_args).index("--actors") + 1])
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
                                 start_new_session=True)
@@ -487,9 +516,11 @@ def measure_end_to_end(workload: Workload, args) -> Dict[str, Any]:
             deadline = started + args.startup_timeout + args.warmup + args.seconds + 10 * args.log_interval
             window = None
             samples: List[Dict[str, Any]] = []
+            peak_rss = 0.0
             while window is None:
                 time.sleep(0.5)
                 samples.append(cpu_sample(proc.pid))
+                peak_rss = max(peak_rss, tree_rss_mb(proc.pid))
                 records = read_metrics(logdir / "run" / "metrics.jsonl")
                 window = select_window(records, args.warmup, args.seconds)
                 if proc.poll() is not None:
@@ -505,6 +536,7 @@ def measure_end_to_end(workload: Workload, args) -> Dict[str, Any]:
                         + f"; the launcher's log ends: {_log_tail(log_path)}"
                     )
                     break
+            result["peak_rss_mb"] = round(peak_rss)
             if window is not None:
                 result.update(window)
                 split = cpu_split(samples, window["window_start_time"], window["window_start_time"] + window["window_seconds"])

@@ -117,11 +117,13 @@ def test_cpu_sample_counts_a_busy_child_as_an_actor():
     try:
         assert child.stdout.readline().strip() == "done"
         b = bench.cpu_sample(os.getpid())
+        with_child = bench.tree_rss_mb(os.getpid())
     finally:
         child.kill()
         child.wait(timeout=30)
     assert b["actor_processes"] >= 1 and b["actors"] - a["actors"] >= 0.25
     assert b["learner"] >= a["learner"] and b["machine"] > a["machine"]
+    assert with_child > bench.tree_rss_mb(os.getpid()) > 10  # this process alone, then plus the child
 
 
 def test_read_metrics_skips_a_half_written_line(tmp_path):
