@@ -311,6 +311,21 @@ def _length(buf: bytes, pos: int, end: int) -> Tuple[int, int]:
     return n, pos
 
 
+def _read_string(buf: bytes, pos: int, end: int, what: str) -> Tuple[str, int]:
+    n, pos = _length(buf, pos, end)
+    return _utf8(buf, pos, pos + n, what), pos + n
+
+
+def _read_packed_varints(buf: bytes, pos: int, end: int, out: List[int]) -> int:
+    """Appends a packed run of (signed) varints to ``out``; returns the position after it."""
+    n, pos = _length(buf, pos, end)
+    stop = pos + n
+    while pos < stop:
+        d, pos = _read_varint(buf, pos, stop)
+        out.append(_signed(d))
+    return pos
+
+
 def _parse_tensor(buf: bytes, view: memoryview, pos: int, end: int) -> ParsedTensor:
     name = dtype = ""
     shape: List[int] = []
@@ -323,19 +338,11 @@ def _parse_tensor(buf: bytes, view: memoryview, pos: int, end: int) -> ParsedTen
             data = view[pos:pos + n]
             pos += n
         elif tag == 0x1A:  # shape, packed
-            n, pos = _length(buf, pos, end)
-            stop = pos + n
-            while pos < stop:
-                d, pos = _read_varint(buf, pos, stop)
-                shape.append(_signed(d))
+            pos = _read_packed_varints(buf, pos, end, shape)
         elif tag == 0x0A:
-            n, pos = _length(buf, pos, end)
-            name = _utf8(buf, pos, pos + n, "a tensor name")
-            pos += n
+            name, pos = _read_string(buf, pos, end, "a tensor name")
         elif tag == 0x12:
-            n, pos = _length(buf, pos, end)
-            dtype = _utf8(buf, pos, pos + n, "a tensor dtype")
-            pos += n
+            dtype, pos = _read_string(buf, pos, end, "a tensor dtype")
         elif tag == 0x18:  # shape, one unpacked element
             d, pos = _read_varint(buf, pos, end)
             shape.append(_signed(d))
@@ -399,9 +406,7 @@ def parse_unroll(buf: bytes, layout: Tuple[tuple, ...] = ()) -> ParsedUnroll:
             tensors.append(_parse_tensor(buf, view, pos, pos + n))
             pos += n
         elif tag == 0x0A:
-            n, pos = _length(buf, pos, end)
-            actor_id = _utf8(buf, pos, pos + n, "actor_id")
-            pos += n
+            actor_id, pos = _read_string(buf, pos, end, "actor_id")
         elif tag == 0x10:
             v, pos = _read_varint(buf, pos, end)
             policy_version = _signed(v)
@@ -417,11 +422,7 @@ def parse_unroll(buf: bytes, layout: Tuple[tuple, ...] = ()) -> ParsedUnroll:
             returns.append(struct.unpack_from("<d", buf, pos)[0])
             pos += 8
         elif tag == 0x2A:  # episode_lengths, packed
-            n, pos = _length(buf, pos, end)
-            stop = pos + n
-            while pos < stop:
-                v, pos = _read_varint(buf, pos, stop)
-                lengths.append(_signed(v))
+            pos = _read_packed_varints(buf, pos, end, lengths)
         elif tag == 0x28:
             v, pos = _read_varint(buf, pos, end)
             lengths.append(_signed(v))
