@@ -72,9 +72,11 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     log.info("plan: %s", plan.describe())
 
-    # The learner may use every core: when the queue is full the actors block and the cores
-    # are its (synthetic benchmark: 1 thread 749, all 2 cores 1,011 agent steps/s; BENCHMARKS.md).
-    configure_threads(int(os.environ.get("IMPALA_REP_LEARNER_THREADS", available_cores())))
+    # The learner gets the cores the actor processes leave (at least one). Measured on 2 cores
+    # (docs/BENCHMARKS.md): pixel cartpole trains faster with 1 learner thread than with 2
+    # (519 vs 455 agent steps/s: the actors need the CPU), the env-free synthetic workload
+    # with 2 (1,011 vs 749); IMPALA_REP_LEARNER_THREADS overrides.
+    configure_threads(int(os.environ.get("IMPALA_REP_LEARNER_THREADS", max(1, available_cores() - plan.processes))))
     from actors.supervisor import ActorSupervisor
     from learner.run import start_trainer
 
