@@ -77,16 +77,15 @@ class FrameStacker:
     def _push(self, frame: np.ndarray, first: np.ndarray) -> np.ndarray:
         frame = np.ascontiguousarray(frame)
         stack = self._stack
-        if stack is None or stack.shape[:3] != frame.shape[:3] or stack.dtype != frame.dtype \
-                or stack.shape[3] != self.k * frame.shape[3]:
-            if stack is not None:
-                raise ValueError(
-                    f"FrameStacker got a frame of shape {frame.shape[1:]} and dtype {frame.dtype} after frames "
-                    f"of shape {stack.shape[1:3] + (stack.shape[3] // self.k,)} and dtype {stack.dtype}."
-                )
+        if stack is None:
             self._stack = np.concatenate([frame] * self.k, axis=-1)
             self._spare = np.empty_like(self._stack)
             return self._stack.copy()
+        if stack.shape[:3] + (stack.shape[3] // self.k,) != frame.shape or stack.dtype != frame.dtype:
+            raise ValueError(
+                f"FrameStacker got a frame of shape {frame.shape[1:]} and dtype {frame.dtype} after frames "
+                f"of shape {stack.shape[1:3] + (stack.shape[3] // self.k,)} and dtype {stack.dtype}."
+            )
         out = self._spare
         _shift_in(stack, out, frame, self.k)
         if first.any():

@@ -129,15 +129,6 @@ class OptimizerConfig:
                 f"got {self.warmup_steps!r}."
             )
 
-    def learning_rate_at(self, step: int) -> float:
-        """The learning rate of learner step ``step`` (0-based), as the schedule computes it."""
-        lr = float(self.learning_rate)
-        if self.warmup_steps:
-            lr *= min(1.0, (step + 1) / self.warmup_steps)
-        if self.anneal_steps is not None:
-            lr *= max(0.0, 1.0 - step / self.anneal_steps)
-        return lr
-
     def learning_rate_schedule(self):
         """The learning rate as a float, or a ``tf_keras`` schedule (warm-up, then linear to 0)."""
         if self.anneal_steps is None and not self.warmup_steps:
@@ -158,7 +149,8 @@ class OptimizerConfig:
 
 
 def _make_schedule(learning_rate: float, warmup_steps: int, anneal_steps: Optional[int]):
-    """``OptimizerConfig.learning_rate_at`` as a ``tf_keras`` schedule (the optimizer's step count)."""
+    """lr x min(1, (step+1)/warmup) x max(0, 1 - step/anneal) as a ``tf_keras`` schedule of the
+    optimizer's step count (0-based); a factor is left out when its steps are 0 / ``None``."""
     import tensorflow as tf
     import tf_keras
 

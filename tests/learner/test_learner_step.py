@@ -146,9 +146,9 @@ def test_learning_rate_warms_up_then_anneals(batches):
     config = OptimizerConfig(learning_rate=6e-4, warmup_steps=2, anneal_steps=4)
     learner = _tiny_learner(2, optimizer_config=config)
     rates = [m["learning_rate"] for m in _train(learner, batches)]
-    want = [config.learning_rate_at(i) for i in range(len(rates))]
-    np.testing.assert_allclose(want, [3e-4, 6e-4 * 0.75, 6e-4 * 0.5][: len(rates)], atol=1e-12)
-    np.testing.assert_allclose(rates, want, rtol=1e-6)
+    # step 0: half warmed up, full anneal factor; step 1: warmed up, 3/4 left; step 2: half left.
+    np.testing.assert_allclose(rates, [3e-4, 6e-4 * 0.75, 6e-4 * 0.5][: len(rates)], rtol=1e-6)
+    assert len(rates) == 3
     assert OptimizerConfig(warmup_steps=0).learning_rate_schedule() == 6e-4  # constant: a float
     with pytest.raises(ValueError, match="warmup_steps must be a whole number"):
         OptimizerConfig(warmup_steps=-1)
