@@ -41,7 +41,7 @@ def main(argv=None) -> int:
         parser.error(f"--actors values must be at least 1, got {args.actors}.")
     results = []
     for n in args.actors:
-        r = run_launch_window(["--env", args.env, "--actors", str(n), *extra], args)
+        r = {"env": args.env, "actors": n, **run_launch_window(["--env", args.env, "--actors", str(n), *extra], args)}
         results.append(r)
         if args.json:
             continue

@@ -416,10 +416,13 @@ def _machine_busy_seconds() -> Optional[float]:
 
 def cpu_sample(launcher_pid: int) -> Dict[str, Any]:
     """CPU seconds so far of the launcher (= learner) process, of its descendants (the actor
-    processes) and of the whole machine, stamped with the wall-clock time."""
-    actors = [c for c in (_cpu_seconds(pid) for pid in _descendants(launcher_pid)) if c is not None]
+    processes) and of the whole machine, and the resident memory of the whole process tree
+    (``rss_mb``), stamped with the wall-clock time. Walks /proc once."""
+    descendants = _descendants(launcher_pid)
+    actors = [c for c in (_cpu_seconds(pid) for pid in descendants) if c is not None]
     return {"time": time.time(), "learner": _cpu_seconds(launcher_pid), "actors": sum(actors),
-            "actor_processes": len(actors), "machine": _machine_busy_seconds()}
+            "actor_processes": len(actors), "machine": _machine_busy_seconds(),
+            "rss_mb": tree_rss_mb(launcher_pid, descendants)}
 
 
 def cpu_split(samples: Sequence[Mapping[str, Any]], start: float, end: float) -> Optional[Dict[str, float]]:
@@ -463,10 +466,10 @@ def _log_tail(path: Path, lines: int = 5) -> str:
         return "no log"
 
 
-def tree_rss_mb(root: int) -> float:
-    """Sum of VmRSS over ``root`` and all its descendants (Linux /proc), in MB."""
+def tree_rss_mb(root: int, descendants: Optional[Sequence[int]] = None) -> float:
+    """Sum of VmRSS over ``root`` and its descendants (Linux /proc; found when not given), in MB."""
     total_kb = 0
-    for pid in [root, *_descendants(root)]:
+    for pid in [root, *(_descendants(root) if descendants is None else descendants)]:
         try:
             with open(f"/proc/{pid}/status") as f:
                 total_kb += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
@@ -485,7 +488,7 @@ def measure_end_to_end(workload: Workload, args) -> Dict[str, Any]:
     if args.actor_processes:
         launch_args += ["--actor-processes", str(args.actor_processes)]
     result = run_launch_window(launch_args, args)
-    result["actor_processes"] = args.actor_processes or "launcher's choice"
+    result.update(actors=args.actors, actor_processes=args.actor_processes or "launcher's choice")
     return result
 
 
@@ -507,8 +510,6 @@ def run_launch_window(launch_args: Sequence[str], args) -> Dict[str, Any]:
     log_path = logdir / "launch.log"
     started, started_wall = time.monotonic(), time.time()
     result: Dict[str, Any] = {"command": " ".join(cmd[1:]), "logdir": str(logdir / "run")}
-    if "--actors" in launch_args:
-        result["actors"] = int(launch_args[list(launch_args).index("--actors") + 1])
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
                                 start_new_session=True)
@@ -516,11 +517,9 @@ def run_launch_window(launch_args: Sequence[str], args) -> Dict[str, Any]:
             deadline = started + args.startup_timeout + args.warmup + args.seconds + 10 * args.log_interval
             window = None
             samples: List[Dict[str, Any]] = []
-            peak_rss = 0.0
             while window is None:
                 time.sleep(0.5)
                 samples.append(cpu_sample(proc.pid))
-                peak_rss = max(peak_rss, tree_rss_mb(proc.pid))
                 records = read_metrics(logdir / "run" / "metrics.jsonl")
                 window = select_window(records, args.warmup, args.seconds)
                 if proc.poll() is not None:
@@ -536,7 +535,7 @@ def run_launch_window(launch_args: Sequence[str], args) -> Dict[str, Any]:
                         + f"; the launcher's log ends: {_log_tail(log_path)}"
                     )
                     break
-            result["peak_rss_mb"] = round(peak_rss)
+            result["peak_rss_mb"] = round(max((sample["rss_mb"] for sample in samples), default=0.0))
             if window is not None:
                 result.update(window)
                 split = cpu_split(samples, window["window_start_time"], window["window_start_time"] + window["window_seconds"])

@@ -2,8 +2,9 @@
 # Sets up (idempotent) and trains on a pixel DM Control task with a CPU learner on this
 # machine. The defaults below are the settings of the best cartpole run in docs/RESULTS.md
 # (run 4: action repeat 8, an 11-bin discretised policy, rewards scaled by 1/8, gradient
-# clip 1000, learning-rate warm-up, constant learning rate; about an hour here). Extra arguments go to `python -m impala_rep.launch` after them: a repeated flag
-# overrides, except --env-arg, which adds a key (and may not repeat one).
+# clip 1000, learning-rate warm-up, constant learning rate; about an hour here). Extra
+# arguments go to `python -m impala_rep.launch` after them: a repeated flag overrides,
+# except --env-arg, which adds a key (and may not repeat one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${EXTRAS:-plots}" bash scripts/setup.sh

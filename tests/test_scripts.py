@@ -123,6 +123,7 @@ def test_cpu_sample_counts_a_busy_child_as_an_actor():
         child.wait(timeout=30)
     assert b["actor_processes"] >= 1 and b["actors"] - a["actors"] >= 0.25
     assert b["learner"] >= a["learner"] and b["machine"] > a["machine"]
+    assert b["rss_mb"] == pytest.approx(with_child, rel=0.2)  # the sample's tree memory, child included
     assert with_child > bench.tree_rss_mb(os.getpid()) > 10  # this process alone, then plus the child
 
 
