@@ -1,7 +1,9 @@
 """Learner throughput: frames/s of the replicated V-trace step on synthetic pixel batches.
 
 frames = T x B per learner step (T=20 transitions, B=32 unrolls by default), observations
-84x84x3 uint8, a 2-D bounded continuous action (Gaussian policy, as on DM Control). Each
+84x84x3 uint8 by default (``--obs-shape 84 84 9`` is what the learner sees with the launcher's
+3 stacked RGB frames, and costs about twice as much), a 2-D bounded continuous action
+(``--action-dims``; Gaussian policy, as on DM Control). Each
 (network, replicas) configuration runs in its own subprocess, because logical CPU devices
 are fixed once TensorFlow initialises. Warm-up and measurement are bounded in both steps
 and seconds.
@@ -41,8 +43,8 @@ def run_one(args) -> dict:
     from impala_rep.specs import ArraySpec
     from learner.step import LearnerStep
 
-    obs = {"pixels": ArraySpec("pixels", (84, 84, 3), "uint8")}
-    action = ArraySpec("action", (2,), "float32", minimum=-1.0, maximum=1.0)
+    obs = {"pixels": ArraySpec("pixels", tuple(args.obs_shape), "uint8")}
+    action = ArraySpec("action", (args.action_dims,), "float32", minimum=-1.0, maximum=1.0)
     learner = LearnerStep.from_config(
         replicator, NetworkConfig(torso=torso), obs, action, args.unroll_length, args.batch_size,
         jit_compile=args.xla,
@@ -83,6 +85,8 @@ def run_one(args) -> dict:
         "kind": args.kind,
         "replicas": replicator.num_replicas,
         "xla": args.xla,
+        "obs_shape": list(args.obs_shape),
+        "action_dims": args.action_dims,
         "T": args.unroll_length,
         "B": args.batch_size,
         "steps": steps,
@@ -102,6 +106,11 @@ def main(argv=None) -> int:
     parser.add_argument("--kind", default="cpu", choices=["cpu", "gpu", "tpu", "auto"])
     parser.add_argument("--unroll-length", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--obs-shape", nargs=3, type=int, default=[84, 84, 3], metavar=("H", "W", "C"),
+        help="the learner's uint8 pixel input; frames stacked K deep have C = 3K (the launcher's default K=3: 84 84 9)",
+    )
+    parser.add_argument("--action-dims", type=int, default=2, help="dimensions of the bounded continuous action")
     parser.add_argument("--xla", action="store_true", help="XLA-compile each replica's forward/backward pass")
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--warmup-seconds", type=float, default=20.0)
@@ -113,9 +122,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("unroll_length", "batch_size", "min_steps", "max_steps"):
+    for name in ("unroll_length", "batch_size", "min_steps", "max_steps", "action_dims"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1.")
+    if any(d < 1 for d in args.obs_shape):
+        parser.error("--obs-shape takes three positive sizes: H W C.")
     if any(r < 1 for r in args.replicas):
         parser.error("--replicas must be positive.")
 
@@ -131,8 +142,9 @@ def main(argv=None) -> int:
                 continue
             cmd = [sys.executable, __file__, "--child", "--torso", torso, "--replicas", str(replicas)]
             for name in ("kind", "unroll_length", "batch_size", "warmup_steps", "warmup_seconds", "min_steps",
-                         "max_steps", "seconds", "threads"):
+                         "max_steps", "seconds", "threads", "action_dims"):
                 cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+            cmd += ["--obs-shape"] + [str(d) for d in args.obs_shape]
             if args.xla:
                 cmd.append("--xla")
             env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}

@@ -65,7 +65,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent
@@ -332,7 +332,11 @@ def _child_inference_rate(workload: Workload, seconds: float, batch: int) -> Dic
         calls += 1
     elapsed = time.perf_counter() - start
     return {"agent_steps_per_s": batch * calls / elapsed, "batch": batch, "calls": calls,
-            "ms_per_call": 1e3 * elapsed / calls, "seconds": elapsed}
+            "ms_per_call": 1e3 * elapsed / calls, "seconds": elapsed,
+            # What the learner trains on: the same stacked observations and action (the
+            # learner piece is measured on these shapes).
+            "observation_shapes": {key: list(spec.shape) for key, spec in obs_specs.items()},
+            "action_shape": list(env_spec.action.shape)}
 
 
 def _run_child(args: List[str], timeout: float) -> Dict[str, Any]:
@@ -349,9 +353,25 @@ def _run_child(args: List[str], timeout: float) -> Dict[str, Any]:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def measure_learner(seconds: float, timeout: float) -> Dict[str, Any]:
+def learner_input(inference: Mapping[str, Any]) -> Tuple[List[int], int]:
+    """The learner's pixel input shape and action size, from the inference piece's specs.
+
+    The learner trains on the stacked observations the actors' policy sees (84x84x3 frames
+    stacked 3 deep are 84x84x9, about twice the learner's work of 84x84x3).
+    """
+    shapes = inference["observation_shapes"]
+    if list(shapes) != ["pixels"] or len(shapes["pixels"]) != 3:
+        raise ValueError(f"the learner piece measures one [H, W, C] 'pixels' observation; this workload has {shapes}.")
+    action = inference["action_shape"]
+    if len(action) != 1:
+        raise ValueError(f"the learner piece measures a vector action; this workload's action has shape {action}.")
+    return list(shapes["pixels"]), int(action[0])
+
+
+def measure_learner(seconds: float, timeout: float, obs_shape: Sequence[int], action_dims: int) -> Dict[str, Any]:
     """Learner frames/s on one CPU replica and one TensorFlow thread (scripts/bench_learner.py)."""
     cmd = [sys.executable, str(SCRIPTS / "bench_learner.py"), "--torso", NETWORK, "--replicas", "1", "--kind", "cpu",
+           "--obs-shape", *[str(d) for d in obs_shape], "--action-dims", str(action_dims),
            "--threads", "1", "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE),
            "--seconds", str(seconds), "--max-steps", "100000", "--warmup-seconds", str(max(2.0, seconds / 3)),
            "--timeout", str(timeout), "--json"]
@@ -368,7 +388,8 @@ def measure_learner(seconds: float, timeout: float) -> Dict[str, Any]:
     if "error" in result:
         return {"error": f"scripts/bench_learner.py: {result['error']}"}
     return {"agent_steps_per_s": result["frames_per_s"], "step_ms": result["step_ms"], "steps": result["steps"],
-            "threads": 1, "note": "frames = T x B transitions per learner step = agent steps trained on"}
+            "threads": 1, "obs_shape": list(obs_shape), "action_dims": action_dims,
+            "note": "frames = T x B transitions per learner step = agent steps trained on"}
 
 
 # --------------------------------------------------------------------------- end to end
@@ -649,8 +670,12 @@ def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
         batch = inference_batch(args)
         report(f"{workload.name}: policy inference at batch {batch} on one core ...")
         out["inference"] = _run_child(["--child", "inference", "--batch", str(batch)] + common, args.timeout)
-        report(f"{workload.name}: learner frames/s on one core ...")
-        out["learner"] = measure_learner(args.piece_seconds, args.timeout)
+        if "error" in out["inference"]:
+            out["learner"] = {"error": "not measured: the learner piece takes its input shapes from the inference piece, which failed."}
+        else:
+            obs_shape, action_dims = learner_input(out["inference"])
+            report(f"{workload.name}: learner frames/s on one core ({'x'.join(map(str, obs_shape))} input) ...")
+            out["learner"] = measure_learner(args.piece_seconds, args.timeout, obs_shape, action_dims)
         pieces = [out[k] for k in ("env", "inference", "learner")]
         if all("error" not in p for p in pieces):
             rates = [p["agent_steps_per_s"] for p in pieces]
