@@ -58,6 +58,7 @@ class RunConfig:
     queue_unrolls: Optional[int] = None
     log_interval_s: float = 5.0
     max_actor_restarts: int = 10
+    actor_nice: int = 10
     jit_compile: bool = False
 
     def __post_init__(self):
@@ -91,6 +92,8 @@ class RunConfig:
             raise ConfigError("TLS needs both --tls-cert and --tls-key.")
         if self.max_actor_restarts < 0:
             raise ConfigError(f"max-actor-restarts must be 0 or more, got {self.max_actor_restarts}.")
+        if not 0 <= self.actor_nice <= 19:
+            raise ConfigError(f"actor-nice must be between 0 and 19, got {self.actor_nice}.")
         object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
         object.__setattr__(self, "network", dict(self.network))
         object.__setattr__(self, "loss", dict(self.loss))

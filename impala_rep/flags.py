@@ -107,6 +107,9 @@ def add_actor_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--actor-processes", type=_positive_int, default=None,
                    help="processes hosting the actors (default: chosen from the cores seen)")
     g.add_argument("--max-actor-restarts", type=int, default=10, help="restarts per actor process before giving up")
+    g.add_argument("--actor-nice", type=int, default=10,
+                   help="CPU priority the actor processes give up, 0-19, so the learner sharing their cores runs "
+                        "first (default 10; 0 keeps them equal)")
 
 
 def parse_env_kwargs(items: List[str]) -> Dict[str, Any]:
@@ -163,5 +166,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         queue_unrolls=args.queue_unrolls,
         log_interval_s=args.log_interval,
         max_actor_restarts=getattr(args, "max_actor_restarts", 10),
+        actor_nice=getattr(args, "actor_nice", 10),
         jit_compile=args.jit,
     )

@@ -32,11 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def actor_commands(address: str, envs_per_process: List[int], seed: int, token_env: bool, tls_ca: Optional[str]) -> List[List[str]]:
+def actor_commands(
+    address: str, envs_per_process: List[int], seed: int, token_env: bool, tls_ca: Optional[str], nice: int = 0
+) -> List[List[str]]:
     commands = []
     for i, n in enumerate(envs_per_process):
         cmd = [sys.executable, "-m", "actors.run", "--learner-address", address, "--actors", str(n),
-               "--actor-processes", "1", "--actor-id", f"actor-{i}", "--seed", str(seed + 1000 * (i + 1))]
+               "--actor-processes", "1", "--actor-id", f"actor-{i}", "--seed", str(seed + 1000 * (i + 1)),
+               "--nice", str(nice)]
         if tls_ca:
             cmd += ["--tls-ca", tls_ca]
         commands.append(cmd)
@@ -84,7 +87,8 @@ def main(argv=None) -> int:
     if trainer is None:
         return 2
     supervisor = ActorSupervisor(
-        actor_commands(trainer.server.address, plan.envs_per_process, config.seed, bool(config.token), config.tls_cert),
+        actor_commands(trainer.server.address, plan.envs_per_process, config.seed, bool(config.token), config.tls_cert,
+                       nice=config.actor_nice),
         log_dir=os.path.join(config.logdir, "actors"),
         max_restarts=config.max_actor_restarts,
         env=actor_environment(config.token),

@@ -28,6 +28,8 @@ def test_run_config_round_trips_and_hides_the_token():
         ({"actors": 2, "actor_processes": 3}, "cannot exceed actors"),
         ({"tls_cert": "cert.pem"}, "both --tls-cert and --tls-key"),
         ({"port": 70000}, "port must be in 0..65535"),
+        ({"actor_nice": 20}, "actor-nice must be between 0 and 19"),
+        ({"actor_nice": -1}, "actor-nice must be between 0 and 19"),
     ],
 )
 def test_run_config_rejects_bad_values_with_a_sentence(kwargs, message):
@@ -147,3 +149,65 @@ def test_lr_warmup_flag_reaches_the_optimizer_config_and_rejects_negatives(capsy
     with pytest.raises(SystemExit):
         parser.parse_args(["--env", "catch", "--lr-warmup", "-5"])
     assert "expected a whole number (0 or more), got -5" in capsys.readouterr().err
+
+
+def test_launcher_starts_actors_with_lowered_priority():
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import actor_commands, build_parser
+
+    parser = build_parser()
+    assert config_from_args(parser.parse_args(["--env", "catch"])).actor_nice == 10
+    assert config_from_args(parser.parse_args(["--env", "catch", "--actor-nice", "0"])).actor_nice == 0
+    commands = actor_commands("127.0.0.1:1", [3, 2], seed=0, token_env=False, tls_ca=None, nice=10)
+    assert all(cmd[cmd.index("--nice") + 1] == "10" for cmd in commands)
+
+
+_PRIORITY_PROBE = """
+import os, sys
+sys.path.insert(0, {repo!r})
+from actors.run import lower_priority
+group = "/proc/self/autogroup"
+before = open(group).read().split()[-1] if os.path.exists(group) else None
+print(lower_priority({nice}))
+print(os.getpriority(os.PRIO_PROCESS, 0))
+print(before, open(group).read().split()[-1] if os.path.exists(group) else None)
+"""
+
+
+def _priority_probe(nice: int, new_session: bool):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    code = _PRIORITY_PROBE.format(repo=str(Path(__file__).resolve().parents[1]), nice=nice)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          start_new_session=new_session)
+    assert proc.returncode == 0, proc.stderr
+    done, priority, groups = proc.stdout.strip().splitlines()
+    before, after = groups.split()
+    return done, int(priority), before, after, os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_actor_lowers_its_priority_and_its_own_session_groups():
+    done, priority, before, after, ours = _priority_probe(5, new_session=True)
+    assert priority == min(19, ours + 5)
+    if before != "None":  # the kernel schedules by autogroup: the actor's session gives way too
+        assert after == "5" and "session group too" in done
+    done, priority, before, after, ours = _priority_probe(0, new_session=True)
+    assert done == "normal priority" and priority == ours and after == before
+
+
+def test_actor_sharing_a_session_leaves_the_session_group_alone():
+    # Another process of the session (say, the learner started from the same shell) must not
+    # be slowed down with it.
+    done, priority, before, after, ours = _priority_probe(7, new_session=False)
+    assert priority == min(19, ours + 7)
+    assert after == before and "session group" not in done
+
+
+def test_actor_nice_flag_is_checked(capsys):
+    from actors.run import main
+
+    with pytest.raises(SystemExit):
+        main(["--learner-address", "127.0.0.1:1", "--nice", "25"])
+    assert "--nice must be between 0 and 19, got 25" in capsys.readouterr().err
