@@ -76,9 +76,9 @@ def main(argv=None) -> int:
     log.info("plan: %s", plan.describe())
 
     # The learner gets the cores the actor processes leave (at least one). Measured on 2 cores
-    # (docs/BENCHMARKS.md): pixel cartpole trains faster with 1 learner thread than with 2
-    # (519 vs 455 agent steps/s: the actors need the CPU), the env-free synthetic workload
-    # with 2 (1,011 vs 749); IMPALA_REP_LEARNER_THREADS overrides.
+    # with the actors niced (docs/BENCHMARKS.md): pixel cartpole trains faster with 1 learner
+    # thread than with 2 (546 vs 476 agent steps/s: the actors need the CPU), the env-free
+    # synthetic workload with 2 (1,015 vs 804); IMPALA_REP_LEARNER_THREADS overrides.
     configure_threads(int(os.environ.get("IMPALA_REP_LEARNER_THREADS", max(1, available_cores() - plan.processes))))
     from actors.supervisor import ActorSupervisor
     from learner.run import start_trainer
