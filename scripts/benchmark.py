@@ -19,7 +19,9 @@ For each workload it measures:
      ``policy.sample_np`` on a batch the size of one actor process's envs, times the batch;
    * ``learner``: learner frames/s (= agent steps trained on per second; one frame is one
      of the T x B transitions of a batch) of the replicated V-trace step on one CPU replica
-     with one TensorFlow thread, through ``scripts/bench_learner.py``.
+     with one TensorFlow thread, through ``scripts/bench_learner.py``, on the input the
+     learner trains on: the stacked observation and the action size that the inference
+     piece reports (84x84x9 for 3 stacked RGB frames).
 2. The end-to-end rate: agent steps per second *trained on by the learner* through the real
    launcher (``python -m impala_rep.launch`` with real actor processes and gRPC on
    127.0.0.1, a temporary ``--logdir``). The rate is read from the run's ``metrics.jsonl``
