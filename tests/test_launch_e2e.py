@@ -92,6 +92,9 @@ def test_killed_actor_is_restarted_and_sigterm_leaves_a_loadable_checkpoint(tmp_
         children = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "actors.run"], capture_output=True, text=True)
         mine = [int(p) for p in children.stdout.split()]  # this launcher's actor processes only
         assert len(mine) == 2, children
+        # The actors give the learner the CPU first (--actor-nice 10 by default).
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        assert all(os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + 10) for pid in mine)
         os.kill(mine[0], signal.SIGKILL)
         assert _wait_for(proc, "restarting it (1/10)", lines, 60), "".join(lines)
         assert _wait_for(proc, "step ", lines, 60), "".join(lines)

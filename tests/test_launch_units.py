@@ -192,7 +192,10 @@ def test_actor_lowers_its_priority_and_its_own_session_groups():
     done, priority, before, after, ours = _priority_probe(5, new_session=True)
     assert priority == min(19, ours + 5)
     if before != "None":  # the kernel schedules by autogroup: the actor's session gives way too
-        assert after == "5" and "session group too" in done
+        if "session group too" in done:
+            assert after == "5"
+        else:  # a kernel or container that refuses the write: said, and nothing changed
+            assert "session group unchanged" in done and after == before
     done, priority, before, after, ours = _priority_probe(0, new_session=True)
     assert done == "normal priority" and priority == ours and after == before
 
