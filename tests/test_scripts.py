@@ -210,6 +210,22 @@ def test_learner_piece_measures_the_stacked_input_the_learner_trains_on():
         bench.learner_input({"observation_shapes": {"pixels": [84, 84, 9]}, "action_shape": []})
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--obs-shape", "84", "0", "9"], "--obs-shape takes three positive sizes: H W C."),
+        (["--action-dims", "0"], "--action-dims must be at least 1."),
+    ],
+)
+def test_bench_learner_input_flag_errors_are_sentences(argv, message, capsys):
+    bench_learner = _load("bench_learner")  # parses before anything imports TensorFlow
+    with pytest.raises(SystemExit) as exc:
+        bench_learner.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert "tensorflow" not in sys.modules
+
+
 def test_descendants_finds_a_started_child():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
