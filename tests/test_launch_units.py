@@ -166,11 +166,18 @@ _PRIORITY_PROBE = """
 import os, sys
 sys.path.insert(0, {repo!r})
 from actors.run import lower_priority
-group = "/proc/self/autogroup"
-before = open(group).read().split()[-1] if os.path.exists(group) else None
+def group_nice():
+    # The file is empty when the process's CPU group is a cgroup rather than its session's
+    # autogroup (e.g. a CI job run under a systemd or container cgroup): nothing to compare.
+    try:
+        words = open("/proc/self/autogroup").read().split()
+    except OSError:
+        return None
+    return words[-1] if words else None
+before = group_nice()
 print(lower_priority({nice}))
 print(os.getpriority(os.PRIO_PROCESS, 0))
-print(before, open(group).read().split()[-1] if os.path.exists(group) else None)
+print(before, group_nice())
 """
 
 
