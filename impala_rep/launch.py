@@ -15,7 +15,7 @@ import os
 import sys
 from typing import List, Optional
 
-__all__ = ["main", "build_parser", "actor_commands"]
+__all__ = ["main", "build_parser", "actor_commands", "choose_learner_threads"]
 
 log = logging.getLogger("impala_rep.launch")
 
@@ -29,7 +29,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_learner_flags(parser)
     add_actor_flags(parser)
+    parser.add_argument_group("learner").add_argument(
+        "--learner-threads", type=parse_learner_threads, default="auto", metavar="N|auto",
+        help="TensorFlow threads of the learner, which shares this machine's cores with the actor processes; "
+             "auto (default) sizes them from the env and policy costs the probe measures")
     return parser
+
+
+def parse_learner_threads(text: str):
+    """``--learner-threads``: a positive count or 'auto' (argparse type)."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of threads or 'auto', got {text!r}")
+    return value
+
+
+def choose_learner_threads(requested, cores: int, costs, fallback: int = 1) -> tuple:
+    """The learner's TensorFlow threads and why: ``requested`` if a number, else from ``costs``.
+
+    ``costs`` is what :func:`impala_rep.probe.probe_env` measured; without it (None, or an
+    ``error`` entry) the learner gets ``fallback`` threads (the launcher: the cores the actor
+    processes leave, at least one).
+    """
+    from impala_rep.costs import learner_share, learner_threads
+
+    if requested != "auto":
+        return requested, "--learner-threads"
+    if not costs or "policy" not in costs or "env" not in costs:
+        reason = (costs or {}).get("error", "no step costs measured (the learner computes elsewhere)")
+        return fallback, f"{reason}; the cores the actor processes leave"
+    env_s, forward_s = costs["env"]["seconds_per_step"], costs["policy"]["seconds_per_step"]
+    threads = learner_threads(cores, env_s, forward_s)
+    share = learner_share(cores, env_s, forward_s)
+    return threads, (f"per agent step the env costs {1e3 * env_s:.2f} ms and the policy {1e3 * forward_s:.2f} ms "
+                     f"of CPU, so the learner's share of the work is {share:.2f} of {cores} cores")
 
 
 def actor_commands(
@@ -59,7 +97,7 @@ def actor_environment(token: Optional[str]) -> dict:
 
 def main(argv=None) -> int:
     from impala_rep.plan import PlanError, available_cores, plan_actors
-    from impala_rep.probe import probe_env_spec
+    from impala_rep.probe import probe_env
     from learner.run import configure_logging, configure_threads
 
     configure_logging()
@@ -70,16 +108,24 @@ def main(argv=None) -> int:
     try:
         config = config_from_args(args)
         plan = plan_actors(config.actors, config.env, config.env_kwargs, config.actor_processes)
-        env_spec = probe_env_spec(config.env, config.env_kwargs)
+        # Sized by cost only when the learner computes on these cores (a GPU or TPU learner's
+        # threads only feed it).
+        by_cost = args.learner_threads == "auto" and config.learner in ("cpu", "auto")
+        wanted = None if not by_cost else {
+            "network": dict(config.network), "frame_stack": config.frame_stack, "batch": max(plan.envs_per_process)}
+        env_spec, costs = probe_env(config.env, config.env_kwargs, costs=wanted)
     except (ValueError, PlanError) as exc:
         parser.error(str(exc))
     log.info("plan: %s", plan.describe())
 
-    # The learner gets the cores the actor processes leave (at least one). Measured on 2 cores
+    # The learner gets its share of the cores by cost (impala_rep.costs). Measured on 2 cores
     # with the actors niced (docs/BENCHMARKS.md): pixel cartpole trains faster with 1 learner
     # thread than with 2 (546 vs 476 agent steps/s: the actors need the CPU), the env-free
-    # synthetic workload with 2 (1,015 vs 804); IMPALA_REP_LEARNER_THREADS overrides.
-    configure_threads(int(os.environ.get("IMPALA_REP_LEARNER_THREADS", max(1, available_cores() - plan.processes))))
+    # synthetic workload with 2 (1,015 vs 804).
+    cores = available_cores()
+    threads, why = choose_learner_threads(args.learner_threads, cores, costs, fallback=max(1, cores - plan.processes))
+    log.info("learner threads: %d (%s)", threads, why)
+    configure_threads(threads)
     from actors.supervisor import ActorSupervisor
     from learner.run import start_trainer
 

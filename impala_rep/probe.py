@@ -5,6 +5,11 @@ env itself: DM Control pixel envs open a MuJoCo rendering context to compute the
 that crashes a process that has loaded TensorFlow (DESIGN.md). :func:`probe_env_spec` runs
 ``python -m impala_rep.probe`` instead, which makes the env, prints its :class:`EnvSpec` as
 JSON and exits. TensorFlow-free.
+
+:func:`probe_env` can also time, in that subprocess, what one agent step costs the actors
+(the env step and the NumPy policy's forward pass, :mod:`impala_rep.costs`); the launcher
+sizes the learner's threads from it. The subprocess runs with one BLAS and one llvmpipe
+thread, as actor processes do.
 """
 
 from __future__ import annotations
@@ -13,11 +18,11 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from impala_rep.specs import EnvSpec
 
-__all__ = ["probe_env_spec", "EnvProbeError"]
+__all__ = ["probe_env_spec", "probe_env", "EnvProbeError"]
 
 _EXIT_ENV_ERROR = 3
 
@@ -28,9 +33,32 @@ class EnvProbeError(ValueError):
 
 def probe_env_spec(env_id: str, env_kwargs: Optional[Mapping[str, Any]] = None, timeout: float = 300.0) -> EnvSpec:
     """Makes ``env_id`` in a subprocess and returns its spec (raises :class:`EnvProbeError`)."""
-    payload = json.dumps({"env_id": env_id, "env_kwargs": dict(env_kwargs or {})})
+    return probe_env(env_id, env_kwargs, timeout=timeout)[0]
+
+
+def probe_env(
+    env_id: str,
+    env_kwargs: Optional[Mapping[str, Any]] = None,
+    costs: Optional[Mapping[str, Any]] = None,
+    timeout: float = 300.0,
+) -> Tuple[EnvSpec, Optional[Dict[str, Any]]]:
+    """Makes ``env_id`` in a subprocess; returns its spec and, if asked, the actors' step costs.
+
+    ``costs`` asks for the timings: ``{"network": <RunConfig.network>, "frame_stack": K,
+    "batch": envs per actor process}``. The second value is then ``{"env": {...},
+    "policy": {...}}`` (see :func:`impala_rep.costs.time_env_step` and
+    :func:`~impala_rep.costs.time_policy_step`), or ``{"error": sentence}`` if the policy could
+    not be timed; it is None when not asked. Raises :class:`EnvProbeError` if the env cannot
+    be made.
+    """
+    request: Dict[str, Any] = {"env_id": env_id, "env_kwargs": dict(env_kwargs or {})}
+    if costs is not None:
+        request["costs"] = dict(costs)
+    payload = json.dumps(request)
     env = dict(os.environ)
     env.setdefault("MUJOCO_GL", "egl")
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
+        env[var] = "1"  # as in the actor processes, whose costs it times
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "impala_rep.probe", payload],
@@ -46,7 +74,28 @@ def probe_env_spec(env_id: str, env_kwargs: Optional[Mapping[str, Any]] = None, 
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
         raise EnvProbeError(f"making env {env_id!r} failed (exit code {proc.returncode}):\n{tail}")
-    return EnvSpec.from_json(json.loads(proc.stdout.strip().splitlines()[-1]))
+    lines = proc.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    return EnvSpec.from_json(result["spec"]), result.get("costs")
+
+
+def _time_costs(env, spec: EnvSpec, request: Mapping[str, Any]) -> Dict[str, Any]:
+    from impala_rep.config import frame_stack_keys
+    from impala_rep.costs import time_env_step, time_policy_step
+    from impala_rep.distributions import make_policy
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.networks.numpy_backend import NumpyNetwork
+    from impala_rep.specs import stacked_observation_specs
+
+    out: Dict[str, Any] = {"env": time_env_step(env)}
+    try:
+        config = NetworkConfig(**request["network"])
+        obs_specs = stacked_observation_specs(spec.observations, frame_stack_keys(spec.observations, request["frame_stack"]))
+        network = NumpyNetwork(config, obs_specs, spec.action)
+        out["policy"] = time_policy_step(network, make_policy(spec.action, config), obs_specs, int(request["batch"]))
+    except (ValueError, TypeError, KeyError) as exc:
+        out["error"] = f"could not time the policy: {exc}"
+    return out
 
 
 def _main(argv) -> int:
@@ -60,7 +109,10 @@ def _main(argv) -> int:
     except ValueError as exc:  # envs.EnvError is a ValueError
         print(str(exc), file=sys.stderr)
         return _EXIT_ENV_ERROR
-    print(json.dumps(spec.to_json()))
+    result: Dict[str, Any] = {"spec": spec.to_json()}
+    if "costs" in request:
+        result["costs"] = _time_costs(env, spec, request["costs"])
+    print(json.dumps(result))
     sys.stdout.flush()
     close = getattr(env, "close", None)
     if close is not None:

@@ -299,6 +299,7 @@ def _child_inference_rate(workload: Workload, seconds: float, batch: int) -> Dic
 
     import envs
     from impala_rep.config import frame_stack_keys
+    from impala_rep.costs import random_observations
     from impala_rep.distributions import make_policy
     from impala_rep.networks import NetworkConfig
     from impala_rep.networks.numpy_backend import NumpyNetwork
@@ -314,13 +315,7 @@ def _child_inference_rate(workload: Workload, seconds: float, batch: int) -> Dic
     network = NumpyNetwork(config, obs_specs, env_spec.action)
     policy = make_policy(env_spec.action, config)
     rng = np.random.default_rng(0)
-    obs = {}
-    for key, spec in obs_specs.items():
-        shape = (batch,) + tuple(spec.shape)
-        if np.dtype(spec.dtype) == np.uint8:
-            obs[key] = rng.integers(0, 256, size=shape, dtype=np.uint8)
-        else:
-            obs[key] = rng.normal(size=shape).astype(spec.dtype)
+    obs = random_observations(obs_specs, batch, rng)
     state = network.initial_state(batch)
     first = np.zeros(batch, bool)
     for _ in range(5):  # warm-up
@@ -510,6 +505,8 @@ def measure_end_to_end(workload: Workload, args) -> Dict[str, Any]:
         launch_args += ["--env-arg", item]
     if args.actor_processes:
         launch_args += ["--actor-processes", str(args.actor_processes)]
+    if args.learner_threads != "auto":
+        launch_args += ["--learner-threads", str(args.learner_threads)]
     result = run_launch_window(launch_args, args)
     result.update(actors=args.actors, actor_processes=args.actor_processes or "launcher's choice")
     return result
@@ -566,9 +563,11 @@ def run_launch_window(launch_args: Sequence[str], args) -> Dict[str, Any]:
                     result.update(split)
                 first = next(r for r in records if r.get("learner_step", 0) > 0)
                 result["first_record_after_s"] = first["time"] - started_wall
-                plan = [l for l in log_path.read_text(errors="replace").splitlines() if "plan:" in l]
-                if plan:
-                    result["plan"] = plan[-1].split("plan:", 1)[1].strip()
+                log_lines = log_path.read_text(errors="replace").splitlines()
+                for key, marker in (("plan", "plan:"), ("learner_threads", "learner threads:")):
+                    found = [line for line in log_lines if marker in line]
+                    if found:
+                        result[key] = found[-1].split(marker, 1)[1].strip()
         finally:
             code = _stop_launch(proc, args.stop_timeout)
             if code is None:
@@ -609,6 +608,8 @@ def machine_info() -> Dict[str, Any]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from impala_rep.launch import parse_learner_threads
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), metavar="WORKLOAD",
                         help=f"which workloads (default all): {', '.join(WORKLOADS)}")
@@ -617,6 +618,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--actors", type=int, default=32, help="envs acting at once in the end-to-end run (default 32)")
     parser.add_argument("--actor-processes", type=int, default=None,
                         help="actor processes in the end-to-end run (default: the launcher's choice, one per core)")
+    parser.add_argument("--learner-threads", type=parse_learner_threads, default="auto", metavar="N|auto",
+                        help="the launcher's --learner-threads in the end-to-end run (default auto: sized from the "
+                             "probed env and policy costs)")
     parser.add_argument("--seconds", type=float, default=60.0, help="end-to-end measurement window (default 60)")
     parser.add_argument("--warmup", type=float, default=30.0,
                         help="seconds after the first learner step before the window opens (default 30)")

@@ -221,3 +221,30 @@ def test_actor_nice_flag_is_checked(capsys):
     with pytest.raises(SystemExit):
         main(["--learner-address", "127.0.0.1:1", "--nice", "25"])
     assert "--nice must be between 0 and 19, got 25" in capsys.readouterr().err
+
+
+def test_learner_threads_flag_takes_a_count_or_auto(capsys):
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["--env", "catch"]).learner_threads == "auto"
+    assert parser.parse_args(["--env", "catch", "--learner-threads", "3"]).learner_threads == 3
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--env", "catch", "--learner-threads", bad])
+        assert f"expected a positive number of threads or 'auto', got '{bad}'" in capsys.readouterr().err
+
+
+def test_launcher_sizes_learner_threads_from_the_probed_costs():
+    from impala_rep.launch import choose_learner_threads
+
+    cheap_env = {"env": {"seconds_per_step": 5e-6}, "policy": {"seconds_per_step": 2.7e-4}}
+    dear_env = {"env": {"seconds_per_step": 1.4e-3}, "policy": {"seconds_per_step": 2.6e-4}}
+    threads, why = choose_learner_threads("auto", 2, cheap_env, fallback=1)
+    assert threads == 2 and "0.27 ms" in why
+    assert choose_learner_threads("auto", 2, dear_env, fallback=1)[0] == 1
+    assert choose_learner_threads(4, 2, cheap_env, fallback=1) == (4, "--learner-threads")
+    # Without costs (the policy could not be timed) the learner gets the cores the actors leave.
+    threads, why = choose_learner_threads("auto", 8, {"env": cheap_env["env"], "error": "could not time the policy: x"},
+                                          fallback=6)
+    assert threads == 6 and "could not time the policy" in why

@@ -144,6 +144,7 @@ def test_read_metrics_skips_a_half_written_line(tmp_path):
         (["--seconds", "0"], "--seconds must be a positive number"),
         (["--seconds", "1", "--log-interval", "1"], "at least two metrics records"),
         (["--cores", "0"], "--cores must be positive"),
+        (["--learner-threads", "none"], "expected a positive number of threads or 'auto'"),
     ],
 )
 def test_benchmark_flag_errors_are_sentences(argv, message, capsys):
@@ -157,6 +158,7 @@ def test_benchmark_defaults_cover_both_workloads():
     args = bench.parse_args([])
     assert args.workloads == ["synthetic", "dmc/cartpole-swingup"]
     assert args.parts == ["ceiling", "e2e"]
+    assert args.learner_threads == "auto" and bench.parse_args(["--learner-threads", "2"]).learner_threads == 2
     assert bench.inference_batch(bench.parse_args(["--actors", "64", "--actor-processes", "2"])) == 32
 
 
