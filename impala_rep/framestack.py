@@ -25,7 +25,24 @@ import numpy as np
 
 from impala_rep.specs import STEP_FIRST
 
-__all__ = ["FrameStacker", "rebuild_stack"]
+__all__ = ["FrameStacker", "rebuild_stack", "aligned_empty", "ALIGNMENT"]
+
+# TensorFlow's CPU tensors must start on a 64-byte boundary (Eigen's EIGEN_MAX_ALIGN_BYTES);
+# the learner hands arrays so aligned to TensorFlow without a copy (learner.step).
+ALIGNMENT = 64
+
+
+def aligned_empty(shape, dtype, alignment: int = ALIGNMENT) -> np.ndarray:
+    """``np.empty(shape, dtype)`` whose data starts on an ``alignment``-byte boundary.
+
+    NumPy's own large allocations start 16 bytes past a page boundary, which TensorFlow
+    cannot use in place.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + alignment, np.uint8)
+    offset = (-raw.ctypes.data) % alignment
+    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
 
 
 class FrameStacker:
@@ -142,7 +159,7 @@ def rebuild_stack(frames: np.ndarray, prefix: np.ndarray, step_type: np.ndarray)
     frames = np.ascontiguousarray(frames).reshape((steps, n) + pixel_shape)
     prefix = prefix.reshape((k - 1, n) + pixel_shape)
     first = step_type.reshape(steps, n) == STEP_FIRST
-    out = np.empty((steps, n) + pixel_shape[:-1] + (pixel_shape[-1] * k,), dtype=frames.dtype)
+    out = aligned_empty((steps, n) + pixel_shape[:-1] + (pixel_shape[-1] * k,), frames.dtype)
     # Step 0: the prefix frames then frame 0, or K copies of frame 0 where it is FIRST.
     out[0] = np.concatenate([np.where(first[0].reshape((n,) + (1,) * len(pixel_shape)), frames[0], p) for p in prefix]
                             + [frames[0]], axis=-1)

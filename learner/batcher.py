@@ -32,7 +32,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from impala_rep.framestack import rebuild_stack
+from impala_rep.framestack import aligned_empty, rebuild_stack
 from impala_rep.specs import ArraySpec
 from learner.queue import UnrollQueue
 from learner.validation import ValidUnroll
@@ -75,7 +75,7 @@ def batch_unrolls(
         dtype = np.dtype(spec.dtype)
         if _is_per_step(key):
             steps = spec.shape[0]
-            arr = np.empty((steps, b) + tuple(spec.shape[1:]), dtype=dtype)
+            arr = aligned_empty((steps, b) + tuple(spec.shape[1:]), dtype)  # handed to TF without a copy
             for i, u in enumerate(unrolls):
                 arr[:, i] = u.tensors[key]
         else:

@@ -53,6 +53,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from impala_rep.framestack import ALIGNMENT
 from impala_rep.specs import STEP_FIRST, ArraySpec
 
 __all__ = [
@@ -60,7 +61,33 @@ __all__ = [
     "LossFn",
     "OptimizerConfig",
     "make_batch_spec",
+    "shared_tensor",
 ]
+
+# Below this, a copy costs less than the DLPack hand-off.
+_SHARE_MIN_BYTES = 1 << 20
+
+
+def shared_tensor(value: Any) -> Any:
+    """A TensorFlow tensor on a NumPy array's memory (no copy) when TensorFlow can use it in place.
+
+    That takes a writeable, C-contiguous array of at least 1 MiB whose data starts on a
+    64-byte boundary (``impala_rep.framestack.aligned_empty``; TensorFlow aborts the process
+    on a misaligned tensor, so this is checked first). Anything else is returned unchanged
+    and copied by the step's call as before. Measured: ``tf.constant`` on a 42 MB
+    84x84x9 batch takes 37-43 ms (5-6% of a one-thread learner step), DLPack under 0.1 ms.
+    The caller must not write to the array while the step runs; the learner's batches are
+    fresh arrays.
+    """
+    if not (isinstance(value, np.ndarray) and value.nbytes >= _SHARE_MIN_BYTES and value.flags.c_contiguous
+            and value.flags.writeable and value.ctypes.data % ALIGNMENT == 0):
+        return value
+    import tensorflow as tf
+
+    try:
+        return tf.experimental.dlpack.from_dlpack(value.__dlpack__())
+    except (BufferError, TypeError, ValueError, tf.errors.OpError):  # e.g. a dtype DLPack does not carry
+        return value
 
 # loss_fn(policy, policy_params {name: [T+1, B/N, ...]}, values [T+1, B/N], batch) ->
 #   (scalar loss summed over the replica's batch, {name: scalar metric summed likewise})
@@ -421,7 +448,7 @@ class LearnerStep:
                     f"batch[{key!r}] has shape {list(value.shape)}, but the learner step expects "
                     f"{list(spec.shape)} ([T+1, B, ...] with the global B the step was built for)."
                 )
-            inputs[key] = value
+            inputs[key] = shared_tensor(value)
         with self._lock:
             metrics = self.train_fn(inputs)
             return {k: float(v) for k, v in metrics.items()}

@@ -41,6 +41,7 @@ def run_one(args) -> dict:
 
     from impala_rep.networks import NetworkConfig
     from impala_rep.specs import ArraySpec
+    from impala_rep.framestack import aligned_empty
     from learner.step import LearnerStep
 
     obs = {"pixels": ArraySpec("pixels", tuple(args.obs_shape), "uint8")}
@@ -62,6 +63,9 @@ def run_one(args) -> dict:
             batch[key] = np.full(spec.shape, -1.5, np.float32)
         else:
             batch[key] = (0.3 * rng.normal(size=spec.shape)).astype(spec.dtype)
+    for key, value in batch.items():  # laid out as the learner's batcher lays them out (64-byte aligned)
+        batch[key] = aligned_empty(value.shape, value.dtype)
+        batch[key][...] = value
 
     start = time.perf_counter()
     learner.train(batch)  # trace + compile

@@ -135,6 +135,10 @@ def test_batch_layout_is_time_major_with_stacked_frames():
         )
     np.testing.assert_array_equal(t["policy_version"], [0, 1, 2])
     assert t["policy_version"].dtype == np.int64
+    # Per-step arrays start on 64-byte boundaries, so the learner hands them to TensorFlow
+    # without a copy (learner.step.shared_tensor).
+    for key in ("observation/pixels", "observation/position", "step_type", "reward", "action"):
+        assert t[key].ctypes.data % 64 == 0 and t[key].flags.c_contiguous, key
     np.testing.assert_array_equal(batch.episode_returns, [1.0, 2.0, 2.0])
     np.testing.assert_array_equal(batch.episode_lengths, [5, 5, 5])
     assert batch.batch_size == 3

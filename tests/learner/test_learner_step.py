@@ -299,3 +299,43 @@ def test_multiworker_two_processes_end_with_identical_parameters(tmp_path, one_r
         np.testing.assert_array_equal(w0[name], w1[name])
         # Two workers x B/2 each == one replica on the whole batch.
         np.testing.assert_allclose(w0[name], params_1[name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def test_shared_tensor_aliases_aligned_arrays_and_leaves_the_rest():
+    from impala_rep.framestack import aligned_empty
+    from learner.step import shared_tensor
+
+    big = aligned_empty((64, 128, 128), np.uint8)  # 1 MiB
+    big[:] = 3
+    tensor = shared_tensor(big)
+    assert isinstance(tensor, tf.Tensor) and tensor.shape == big.shape and tensor.dtype == tf.uint8
+    big[0, 0, 0] = 9  # the tensor reads the array's memory: no copy was made
+    assert int(tensor.numpy()[0, 0, 0]) == 9 and int(tf.reduce_sum(tf.cast(tensor, tf.int64))) == 3 * big.size + 6
+    misaligned = aligned_empty((2 ** 20 + 64,), np.uint8)[8:8 + 2 ** 20]  # TensorFlow would abort on it
+    readonly = aligned_empty((2 ** 20,), np.uint8)
+    readonly.flags.writeable = False
+    for value in (misaligned, readonly, aligned_empty((16,), np.float32), big[:, ::2], [1, 2, 3]):
+        assert shared_tensor(value) is value
+
+
+def test_step_on_shared_batches_matches_the_copied_step(batches, one_replica, monkeypatch):
+    import learner.step as step_module
+    from impala_rep.framestack import aligned_empty
+
+    monkeypatch.setattr(step_module, "_SHARE_MIN_BYTES", 0)  # share even the tiny batches
+    aligned = []
+    for batch in batches:
+        copy = {}
+        for key, value in batch.items():
+            copy[key] = aligned_empty(value.shape, value.dtype)
+            copy[key][...] = value
+        aligned.append(copy)
+    assert all(isinstance(step_module.shared_tensor(v), tf.Tensor) for v in aligned[0].values())
+    learner = _tiny_learner(1)
+    metrics = _train(learner, aligned)
+    _, (version_1, params_1), metrics_1 = one_replica
+    version, params = learner.get_params()
+    assert version == version_1
+    for name in params_1:
+        np.testing.assert_array_equal(params[name], params_1[name], err_msg=name)
+    assert metrics == metrics_1
