@@ -21,7 +21,7 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 from typing import List, Optional  # noqa: E402
 
-__all__ = ["main", "build_actor"]
+__all__ = ["main", "build_actor", "build_parser", "lower_priority"]
 
 log = logging.getLogger("impala_rep.actor")
 
@@ -111,8 +111,7 @@ def lower_priority(nice: int) -> str:
     return done
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m actors.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--learner-address", required=True, help="HOST:PORT of the learner")
     parser.add_argument("--actors", type=int, default=1, help="envs acting in parallel (default 1)")
@@ -127,6 +126,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--nice", type=int, default=0,
                         help="lower the actor processes' CPU priority by this much, 0-19, so that a learner on "
                              "the same machine gets the CPU first (default 0; the launcher passes 10)")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.actors < 1:
         parser.error(f"--actors must be at least 1, got {args.actors}.")
@@ -169,22 +174,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _supervise(args, token: Optional[str]) -> int:
     import time
 
-    from actors.supervisor import ActorSupervisor
+    from actors.supervisor import ActorSupervisor, actor_process_commands
 
     base, rest = divmod(args.actors, args.actor_processes)
-    commands = []
-    for i in range(args.actor_processes):
-        n = base + (1 if i < rest else 0)
-        cmd = [sys.executable, "-m", "actors.run", "--learner-address", args.learner_address, "--actors", str(n),
-               "--actor-id", f"{args.actor_id or 'actor'}-{i}", "--seed", str(args.seed + 1000 * (i + 1)),
-               "--give-up-after", str(args.give_up_after)]
-        if args.nice:
-            # Each child lowers its own priority (and its session group's: the supervisor
-            # starts it in a session of its own); this mostly idle parent keeps its own.
-            cmd += ["--nice", str(args.nice)]
-        if args.tls_ca:
-            cmd += ["--tls-ca", args.tls_ca]
-        commands.append(cmd)
+    # This mostly idle parent keeps its own priority.
+    commands = actor_process_commands(
+        args.learner_address, [base + (1 if i < rest else 0) for i in range(args.actor_processes)], args.seed,
+        id_prefix=args.actor_id or "actor", nice=args.nice, tls_ca=args.tls_ca, give_up_after=args.give_up_after)
     env = dict(os.environ)
     if token:
         env["IMPALA_REP_TOKEN"] = token

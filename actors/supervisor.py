@@ -21,9 +21,37 @@ import os
 import signal
 import subprocess
 import time
+import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
-__all__ = ["ActorSupervisor", "ActorProcess"]
+__all__ = ["ActorSupervisor", "ActorProcess", "actor_process_commands"]
+
+
+def actor_process_commands(
+    address: str,
+    envs_per_process: Sequence[int],
+    seed: int,
+    id_prefix: str = "actor",
+    nice: int = 0,
+    tls_ca: Optional[str] = None,
+    give_up_after: Optional[float] = None,
+) -> List[List[str]]:
+    """The ``python -m actors.run`` command of each actor process: process ``i`` hosts
+    ``envs_per_process[i]`` envs, is called ``{id_prefix}-{i}`` and seeds them from
+    ``seed + 1000 * (i + 1)``. Each child lowers its own priority by ``nice`` (and its session
+    group's: the supervisor starts it in a session of its own). The token travels in the
+    environment (``IMPALA_REP_TOKEN``), never on the command line, where ps would show it."""
+    commands = []
+    for i, n in enumerate(envs_per_process):
+        cmd = [sys.executable, "-m", "actors.run", "--learner-address", address, "--actors", str(n),
+               "--actor-processes", "1", "--actor-id", f"{id_prefix}-{i}", "--seed", str(seed + 1000 * (i + 1)),
+               "--nice", str(nice)]
+        if give_up_after is not None:
+            cmd += ["--give-up-after", str(give_up_after)]
+        if tls_ca:
+            cmd += ["--tls-ca", tls_ca]
+        commands.append(cmd)
+    return commands
 
 log = logging.getLogger(__name__)
 

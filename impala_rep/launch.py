@@ -73,15 +73,10 @@ def choose_learner_threads(requested, cores: int, costs, fallback: int = 1) -> t
 def actor_commands(
     address: str, envs_per_process: List[int], seed: int, token_env: bool, tls_ca: Optional[str], nice: int = 0
 ) -> List[List[str]]:
-    commands = []
-    for i, n in enumerate(envs_per_process):
-        cmd = [sys.executable, "-m", "actors.run", "--learner-address", address, "--actors", str(n),
-               "--actor-processes", "1", "--actor-id", f"actor-{i}", "--seed", str(seed + 1000 * (i + 1)),
-               "--nice", str(nice)]
-        if tls_ca:
-            cmd += ["--tls-ca", tls_ca]
-        commands.append(cmd)
-    return commands
+    """The launcher's actor process commands (``token_env``: the token is passed in their environment)."""
+    from actors.supervisor import actor_process_commands
+
+    return actor_process_commands(address, envs_per_process, seed, nice=nice, tls_ca=tls_ca)
 
 
 def actor_environment(token: Optional[str]) -> dict:

@@ -248,3 +248,17 @@ def test_launcher_sizes_learner_threads_from_the_probed_costs():
     threads, why = choose_learner_threads("auto", 8, {"env": cheap_env["env"], "error": "could not time the policy: x"},
                                           fallback=6)
     assert threads == 6 and "could not time the policy" in why
+
+
+def test_actor_process_commands_split_ids_seeds_and_options():
+    from actors.run import build_parser as actor_parser
+    from actors.supervisor import actor_process_commands
+
+    commands = actor_process_commands("127.0.0.1:5", [3, 2], seed=7, id_prefix="host", nice=4, tls_ca="ca.pem",
+                                      give_up_after=30.0)
+    parsed = [actor_parser().parse_args(cmd[3:]) for cmd in commands]  # [python, -m, actors.run, ...]
+    assert [cmd[:3] for cmd in commands] == [[sys.executable, "-m", "actors.run"]] * 2
+    assert [(p.actors, p.actor_processes, p.actor_id, p.seed) for p in parsed] == [(3, 1, "host-0", 1007),
+                                                                                     (2, 1, "host-1", 2007)]
+    assert all(p.nice == 4 and p.tls_ca == "ca.pem" and p.give_up_after == 30.0 for p in parsed)
+    assert all("--token" not in cmd for cmd in commands)  # the token travels in the environment
