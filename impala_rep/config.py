@@ -60,6 +60,8 @@ class RunConfig:
     max_actor_restarts: int = 10
     actor_nice: int = 10
     jit_compile: bool = False
+    replay_ratio: float = 0.0
+    replay_unrolls: Optional[int] = None
 
     def __post_init__(self):
         if not isinstance(self.env, str) or not self.env:
@@ -68,7 +70,7 @@ class RunConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}.")
-        for name in ("actor_processes", "replicas", "queue_unrolls"):
+        for name in ("actor_processes", "replicas", "queue_unrolls", "replay_unrolls"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}.")
@@ -92,6 +94,12 @@ class RunConfig:
             raise ConfigError("TLS needs both --tls-cert and --tls-key.")
         if self.max_actor_restarts < 0:
             raise ConfigError(f"max-actor-restarts must be 0 or more, got {self.max_actor_restarts}.")
+        if isinstance(self.replay_ratio, bool) or not isinstance(self.replay_ratio, (int, float)) \
+                or not 0 <= self.replay_ratio < 1:
+            raise ConfigError(
+                f"replay-ratio must be at least 0 and below 1 (the share of each batch replayed; every batch "
+                f"keeps a fresh unroll), got {self.replay_ratio!r}."
+            )
         if not 0 <= self.actor_nice <= 19:
             raise ConfigError(f"actor-nice must be between 0 and 19, got {self.actor_nice}.")
         object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
@@ -102,6 +110,11 @@ class RunConfig:
     @property
     def unrolls_per_batch(self) -> int:
         return self.batch_size
+
+    @property
+    def replay_capacity(self) -> int:
+        """Unrolls the replay buffer keeps: ``replay_unrolls``, by default 8 batches."""
+        return self.replay_unrolls or 8 * self.batch_size
 
     def to_json(self, include_secrets: bool = False) -> Dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -79,8 +79,14 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="ramp the learning rate up linearly over the first STEPS learner steps (default: 100, or "
                         "5%% of the run's learner steps if that is fewer; 0: none)")
     g.add_argument("--jit", action="store_true", help="compile the learner step with XLA")
+    g.add_argument("--replay-ratio", type=float, default=0.0, metavar="R",
+                   help="share of each batch drawn from recently trained-on unrolls, 0 <= R < 1 (IMPALA's "
+                        "experience replay; V-trace corrects for the older policies); default 0: none")
+    g.add_argument("--replay-unrolls", type=_positive_int, default=None, metavar="N",
+                   help="unrolls the replay buffer keeps, newest first (default: 8 batches)")
     g.add_argument("--total-steps", type=_positive_int, default=2_000_000,
-                   help="budget in agent steps trained on (each is action-repeat env frames)")
+                   help="budget in agent steps trained on (each is action-repeat env frames; a replayed "
+                        "unroll counts once, when fresh)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--queue-unrolls", type=_positive_int, default=None,
                    help="bound of the learner's unroll queue (default: 2 batches)")
@@ -168,4 +174,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         max_actor_restarts=getattr(args, "max_actor_restarts", 10),
         actor_nice=getattr(args, "actor_nice", 10),
         jit_compile=args.jit,
+        replay_ratio=args.replay_ratio,
+        replay_unrolls=args.replay_unrolls,
     )

@@ -25,6 +25,7 @@ Usage::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import queue
 import threading
@@ -37,7 +38,7 @@ from impala_rep.specs import ArraySpec
 from learner.queue import UnrollQueue
 from learner.validation import ValidUnroll
 
-__all__ = ["Batch", "Batcher", "PrefetchingBatcher", "batch_unrolls", "policy_lag"]
+__all__ = ["Batch", "Batcher", "PrefetchingBatcher", "ReplayBuffer", "batch_unrolls", "policy_lag"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +46,15 @@ class Batch:
     """One learner batch plus what metrics need."""
 
     tensors: Dict[str, np.ndarray]
-    episode_returns: np.ndarray  # [E] float64, episodes that finished in these unrolls
+    episode_returns: np.ndarray  # [E] float64, episodes that finished in the fresh unrolls
     episode_lengths: np.ndarray  # [E] int64
     actor_ids: List[str]
+    fresh_unrolls: Optional[int] = None  # unrolls new from the queue (the rest replayed); None: all
+
+    @property
+    def fresh(self) -> int:
+        """Unrolls in this batch that come straight from the actors (not replayed)."""
+        return self.batch_size if self.fresh_unrolls is None else self.fresh_unrolls
 
     @property
     def batch_size(self) -> int:
@@ -91,21 +98,58 @@ def batch_unrolls(
             prefix[:, i] = u.tensors[f"frame_prefix/{obs_key}"]
         out[key] = rebuild_stack(out[key], prefix, out["step_type"])
     out["policy_version"] = np.array([u.policy_version for u in unrolls], dtype=np.int64)
+    returns, lengths = _episodes(unrolls)
+    return Batch(tensors=out, episode_returns=returns, episode_lengths=lengths, actor_ids=[u.actor_id for u in unrolls])
+
+
+def _episodes(unrolls: Sequence[ValidUnroll]):
+    """Returns and lengths of the episodes that finished in ``unrolls``: ([E] float64, [E] int64)."""
     returns = [u.episode_returns for u in unrolls if u.episode_returns.size]
     lengths = [u.episode_lengths for u in unrolls if u.episode_lengths.size]
-    return Batch(
-        tensors=out,
-        episode_returns=np.concatenate(returns) if returns else np.zeros([0], np.float64),
-        episode_lengths=np.concatenate(lengths) if lengths else np.zeros([0], np.int64),
-        actor_ids=[u.actor_id for u in unrolls],
-    )
+    return (np.concatenate(returns) if returns else np.zeros([0], np.float64),
+            np.concatenate(lengths) if lengths else np.zeros([0], np.int64))
+
+
+class ReplayBuffer:
+    """The ``capacity`` newest unrolls trained on, sampled uniformly (IMPALA's experience replay).
+
+    Bound: ``capacity`` unrolls; adding to a full buffer drops the oldest. Sampling draws
+    without replacement within one call.
+    """
+
+    def __init__(self, capacity: int, seed: int = 0):
+        if int(capacity) < 1:
+            raise ValueError(f"replay capacity must be at least 1 unroll, got {capacity}.")
+        self.capacity = int(capacity)
+        self._items: "collections.deque[ValidUnroll]" = collections.deque(maxlen=self.capacity)
+        self._rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, unrolls: Sequence[ValidUnroll]) -> None:
+        self._items.extend(unrolls)
+
+    def sample(self, n: int) -> List[ValidUnroll]:
+        """``min(n, len(self))`` distinct unrolls, uniformly at random."""
+        n = min(int(n), len(self._items))
+        if n <= 0:
+            return []
+        return [self._items[i] for i in self._rng.choice(len(self._items), size=n, replace=False)]
 
 
 class Batcher:
     """Takes ``batch_size`` unrolls at a time from the queue and stacks them.
 
-    Bound: holds one batch at a time (the caller's); ``batch_size`` must not exceed the
-    queue's capacity.
+    With ``replay_ratio`` R > 0, ``round(R * batch_size)`` of each batch's unrolls are drawn
+    from a :class:`ReplayBuffer` of the unrolls trained on before (fewer while it fills) and
+    the rest come fresh from the queue; every batch has at least one fresh unroll. Replayed
+    unrolls keep the behaviour log-probabilities they were acted with, so V-trace corrects
+    for their older policies. The batch's episode returns, and ``Batch.fresh``, count only
+    the fresh unrolls.
+
+    Bound: holds one batch at a time (the caller's) plus the replay buffer; ``batch_size``
+    must not exceed the queue's capacity.
     """
 
     def __init__(
@@ -114,11 +158,16 @@ class Batcher:
         unroll_spec: Mapping[str, ArraySpec],
         batch_size: int,
         frame_stack: Optional[Mapping[str, int]] = None,
+        replay_ratio: float = 0.0,
+        replay_capacity: Optional[int] = None,
+        seed: int = 0,
     ):
         if not 1 <= int(batch_size) <= unroll_queue.capacity:
             raise ValueError(
                 f"batch_size must be in [1, queue capacity {unroll_queue.capacity}], got {batch_size}."
             )
+        if not 0 <= replay_ratio < 1:
+            raise ValueError(f"replay_ratio must be at least 0 and below 1, got {replay_ratio}.")
         for key, k in (frame_stack or {}).items():
             if int(k) > 1 and f"frame_prefix/{key}" not in unroll_spec:
                 raise ValueError(
@@ -129,11 +178,23 @@ class Batcher:
         self.unroll_spec = dict(unroll_spec)
         self.batch_size = int(batch_size)
         self.frame_stack = dict(frame_stack or {})
+        self.replay_per_batch = min(self.batch_size - 1, int(round(replay_ratio * self.batch_size)))
+        self.replay: Optional[ReplayBuffer] = None
+        if self.replay_per_batch > 0:
+            self.replay = ReplayBuffer(replay_capacity or 8 * self.batch_size, seed=seed)
 
     def next_batch(self, timeout: Optional[float] = None) -> Batch:
-        """Blocks for ``batch_size`` unrolls; ``TimeoutError``/``QueueClosed`` as the queue."""
-        unrolls = self.queue.get_many(self.batch_size, timeout=timeout)
-        return batch_unrolls(unrolls, self.unroll_spec, self.frame_stack)
+        """Blocks for the batch's fresh unrolls; ``TimeoutError``/``QueueClosed`` as the queue."""
+        if self.replay is None:
+            return batch_unrolls(self.queue.get_many(self.batch_size, timeout=timeout), self.unroll_spec,
+                                 self.frame_stack)
+        replayed_n = min(self.replay_per_batch, len(self.replay))
+        fresh = self.queue.get_many(self.batch_size - replayed_n, timeout=timeout)
+        replayed = self.replay.sample(replayed_n)
+        self.replay.add(fresh)
+        batch = batch_unrolls(list(fresh) + replayed, self.unroll_spec, self.frame_stack)
+        returns, lengths = _episodes(fresh)  # replayed episodes were counted when they were fresh
+        return dataclasses.replace(batch, episode_returns=returns, episode_lengths=lengths, fresh_unrolls=len(fresh))
 
     def __iter__(self):
         while True:

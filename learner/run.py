@@ -132,7 +132,9 @@ class Trainer:
             tls_cert_file=config.tls_cert,
             tls_key_file=config.tls_key,
         )
-        self.batcher = PrefetchingBatcher(Batcher(self.queue, self.unroll_spec, config.batch_size, self.frame_stack))
+        self.batcher = PrefetchingBatcher(Batcher(
+            self.queue, self.unroll_spec, config.batch_size, self.frame_stack,
+            replay_ratio=config.replay_ratio, replay_capacity=config.replay_capacity, seed=config.seed))
         self.action_repeat = env_action_repeat(config)
         self._returns: collections.deque = collections.deque(maxlen=100)
         self._writer = tf.summary.create_file_writer(os.path.join(config.logdir, "summaries"))
@@ -223,7 +225,7 @@ class Trainer:
         from learner.queue import QueueClosed
 
         cfg = self.config
-        frames_per_batch = cfg.unroll_length * cfg.batch_size
+        replayed = trained = 0  # unrolls in this logging window
         start_step = self.learner_step
         window_t, window_steps, window_agent = time.monotonic(), self.learner_step, int(self.agent_steps.numpy())
         extra: Dict[str, Any] = {}
@@ -244,7 +246,10 @@ class Trainer:
             t1 = time.perf_counter()
             metrics = self.step.train(batch.tensors)
             t2 = time.perf_counter()
-            self.agent_steps.assign_add(frames_per_batch)
+            # Agent steps count what the actors produced: replayed unrolls were counted when fresh.
+            self.agent_steps.assign_add(cfg.unroll_length * batch.fresh)
+            replayed += batch.batch_size - batch.fresh
+            trained += batch.batch_size
             version = self.params.publish(self.step.get_params()[1], version=self.learner_step + 1)
             t3 = time.perf_counter()
             self._timing["wait_batch"] += t1 - t0
@@ -256,6 +261,9 @@ class Trainer:
             if now - window_t >= cfg.log_interval_s:
                 steps = self.learner_step - window_steps
                 agent = int(self.agent_steps.numpy()) - window_agent
+                if cfg.replay_ratio > 0:
+                    extra = dict(extra, replayed_share=replayed / max(1, trained))
+                    replayed = trained = 0
                 record = self._record(metrics, lag, extra, steps / (now - window_t), agent / (now - window_t))
                 self._log_progress(record)
                 window_t, window_steps, window_agent = now, self.learner_step, int(self.agent_steps.numpy())

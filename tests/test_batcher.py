@@ -279,6 +279,36 @@ def test_batcher_takes_batches_from_the_queue():
         Batcher(q, small_spec(), batch_size=2, frame_stack={"position": 2})
 
 
+def test_replay_mixes_earlier_unrolls_into_each_batch_and_counts_only_fresh_ones():
+    spec = small_spec()
+    q = UnrollQueue(16)
+    rng = np.random.default_rng(6)
+    for i in range(12):
+        q.put(_valid(make_unroll(spec, rng, tag=float(i)), version=i, returns=[float(i)], lengths=[3]))
+    batcher = Batcher(q, spec, batch_size=4, frame_stack={"pixels": 3}, replay_ratio=0.5, replay_capacity=5)
+    first = batcher.next_batch(timeout=1)  # nothing to replay yet: all fresh
+    assert first.fresh == 4 and list(first.tensors["policy_version"]) == [0, 1, 2, 3]
+    second = batcher.next_batch(timeout=1)
+    versions = list(second.tensors["policy_version"])
+    assert second.fresh == 2 and second.batch_size == 4
+    assert versions[:2] == [4, 5] and set(versions[2:]) <= {0, 1, 2, 3} and len(set(versions[2:])) == 2
+    # Episodes are counted once, when their unroll is fresh.
+    np.testing.assert_array_equal(second.episode_returns, [4.0, 5.0])
+    # A replayed unroll is trained on as it was: same tensors, same behaviour log-probs.
+    j = versions[2]
+    np.testing.assert_array_equal(second.tensors["behaviour_log_prob"][:, 2], first.tensors["behaviour_log_prob"][:, j])
+    np.testing.assert_array_equal(second.tensors["observation/pixels"][:, 2], first.tensors["observation/pixels"][:, j])
+    third = batcher.next_batch(timeout=1)
+    assert len(batcher.replay) == 5  # bounded: the oldest (version 0) was dropped
+    assert 0 not in [u.policy_version for u in batcher.replay._items]
+    assert third.fresh == 2 and list(third.tensors["policy_version"][:2]) == [6, 7]
+    with pytest.raises(ValueError, match="replay_ratio must be at least 0 and below 1"):
+        Batcher(q, spec, batch_size=4, replay_ratio=1.0)
+    # Every batch keeps a fresh unroll, however high the ratio.
+    assert Batcher(q, spec, batch_size=4, replay_ratio=0.99).replay_per_batch == 3
+    assert Batcher(q, spec, batch_size=4).replay is None
+
+
 def test_prefetching_batcher_keeps_order_and_bound_and_forwards_closing():
     spec = small_spec()
     q = UnrollQueue(16)

@@ -134,6 +134,19 @@ def test_pixel_dm_control_trains_a_few_updates_end_to_end(tmp_path):
     assert len(frames) == report["lengths"][0] + 1 and frames[0].shape == (84, 84, 3)
 
 
+def test_replay_trains_on_more_unrolls_than_the_actors_send(tmp_path):
+    logdir = str(tmp_path / "run")
+    proc = launch(*CATCH, "--actors", "2", "--total-steps", "8000", "--replay-ratio", "0.5", "--logdir", logdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = metrics(logdir)[-1]
+    # Half of each 16-unroll batch is replayed once the buffer holds 8 unrolls (after the first,
+    # all-fresh batch), so the agent steps are 10 x 16 and then 10 x 8 fresh ones per learner step.
+    assert 0.4 <= last["replayed_share"] <= 0.5, last
+    assert last["agent_steps"] == 160 + 80 * (last["learner_step"] - 1) <= 8000 + 80, last
+    config = json.load(open(os.path.join(logdir, "config.json")))
+    assert config["replay_ratio"] == 0.5 and config["replay_unrolls"] is None
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -145,6 +158,7 @@ def test_pixel_dm_control_trains_a_few_updates_end_to_end(tmp_path):
         (["--env", "catch", "--actors", "100000"], "or fewer"),
         (["--env", "catch", "--learner", "tpu"], "TPU"),
         (["--env", "catch", "--learner", "gpu"], "GPU"),
+        (["--env", "catch", "--replay-ratio", "1"], "replay-ratio must be at least 0 and below 1"),
     ],
 )
 def test_bad_flags_give_a_sentence_not_a_traceback(tmp_path, args, message):

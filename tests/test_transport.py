@@ -9,7 +9,6 @@ import subprocess
 import threading
 import time
 
-import grpc
 import numpy as np
 import pytest
 

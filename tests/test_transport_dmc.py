@@ -8,7 +8,6 @@ import os
 import sys
 
 import numpy as np
-import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # test-process setting, as the entry points do
 
