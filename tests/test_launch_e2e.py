@@ -91,7 +91,7 @@ def test_killed_actor_is_restarted_and_sigterm_leaves_a_loadable_checkpoint(tmp_
     )
     lines = []
     try:
-        assert _wait_for(proc, "step ", lines, 240), "".join(lines)
+        assert _wait_for(proc, "learner steps/s", lines, 240), "".join(lines)
         children = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "actors.run"], capture_output=True, text=True)
         mine = [int(p) for p in children.stdout.split()]  # this launcher's actor processes only
         assert len(mine) == 2, children
@@ -100,7 +100,7 @@ def test_killed_actor_is_restarted_and_sigterm_leaves_a_loadable_checkpoint(tmp_
         assert all(os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + 10) for pid in mine)
         os.kill(mine[0], signal.SIGKILL)
         assert _wait_for(proc, "restarting it (1/10)", lines, 60), "".join(lines)
-        assert _wait_for(proc, "step ", lines, 60), "".join(lines)
+        assert _wait_for(proc, "learner steps/s", lines, 60), "".join(lines)
         proc.send_signal(signal.SIGTERM)
         _, rest = proc.communicate(timeout=120)
     finally:
