@@ -87,13 +87,19 @@ def _time_costs(env, spec: EnvSpec, request: Mapping[str, Any]) -> Dict[str, Any
     from impala_rep.networks.numpy_backend import NumpyNetwork
     from impala_rep.specs import stacked_observation_specs
 
-    out: Dict[str, Any] = {"env": time_env_step(env)}
+    # Timing is advisory (the launcher falls back to a fixed thread count), so any failure
+    # here is reported, not raised: the spec is what the launch needs.
+    out: Dict[str, Any] = {}
+    try:
+        out["env"] = time_env_step(env)
+    except Exception as exc:  # noqa: BLE001 (a user env may raise anything on random actions)
+        return {"error": f"could not time the env under random actions: {type(exc).__name__}: {exc}"}
     try:
         config = NetworkConfig(**request["network"])
         obs_specs = stacked_observation_specs(spec.observations, frame_stack_keys(spec.observations, request["frame_stack"]))
         network = NumpyNetwork(config, obs_specs, spec.action)
         out["policy"] = time_policy_step(network, make_policy(spec.action, config), obs_specs, int(request["batch"]))
-    except (ValueError, TypeError, KeyError) as exc:
+    except Exception as exc:  # noqa: BLE001
         out["error"] = f"could not time the policy: {exc}"
     return out
 

@@ -54,6 +54,17 @@ def make_counter_no_seed(length=5):
     return Counter(length=length, seed=0)
 
 
+class FailingStep(Counter):
+    """Makes and resets fine; every step raises (an env the launcher's cost probe cannot time)."""
+
+    def step(self, action):
+        raise RuntimeError("step is not implemented yet")
+
+
+def make_failing_step(seed=None):
+    return FailingStep(seed=seed)
+
+
 def make_raising(**kwargs):
     raise RuntimeError("simulator licence not found")
 

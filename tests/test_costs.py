@@ -92,3 +92,16 @@ def test_probe_times_the_actors_step_and_reports_a_bad_network_as_a_sentence():
     assert costs["env"]["calls"] >= 5  # the env was still timed
     spec, costs = probe_env("catch")
     assert costs is None
+
+
+def test_probe_reports_an_env_it_cannot_time_and_still_returns_the_spec(monkeypatch):
+    import os
+
+    from impala_rep.probe import probe_env
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    wanted = {"network": {"torso": "auto", "policy": "auto"}, "frame_stack": 3, "batch": 4}
+    spec, costs = probe_env("plugin_envs:make_failing_step", costs=wanted)
+    assert spec.action.num_values == 2
+    assert costs == {"error": "could not time the env under random actions: RuntimeError: step is not implemented yet"}
