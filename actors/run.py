@@ -9,9 +9,11 @@ Never imports TensorFlow.
 
 import os
 
+from impala_rep.plan import ACTOR_THREAD_VARS  # TensorFlow- and NumPy-free
+
 # Entry point: one BLAS/OpenMP thread and one llvmpipe render thread per actor process,
 # set before NumPy or Mesa load.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
+for _var in ACTOR_THREAD_VARS:
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402

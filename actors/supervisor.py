@@ -20,8 +20,8 @@ import logging
 import os
 import signal
 import subprocess
-import time
 import sys
+import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
 __all__ = ["ActorSupervisor", "ActorProcess", "actor_process_commands"]

@@ -111,11 +111,6 @@ class RunConfig:
     def unrolls_per_batch(self) -> int:
         return self.batch_size
 
-    @property
-    def replay_capacity(self) -> int:
-        """Unrolls the replay buffer keeps: ``replay_unrolls``, by default 8 batches."""
-        return self.replay_unrolls or 8 * self.batch_size
-
     def to_json(self, include_secrets: bool = False) -> Dict[str, Any]:
         data = dataclasses.asdict(self)
         if not include_secrets and data.get("token"):

@@ -13,9 +13,11 @@ import argparse
 import logging
 import os
 import sys
-from typing import List, Optional
+from typing import Optional
 
-__all__ = ["main", "build_parser", "actor_commands", "choose_learner_threads"]
+from impala_rep.plan import ACTOR_THREAD_VARS
+
+__all__ = ["main", "build_parser", "choose_learner_threads"]
 
 log = logging.getLogger("impala_rep.launch")
 
@@ -70,19 +72,10 @@ def choose_learner_threads(requested, cores: int, costs, fallback: int = 1) -> t
                      f"of CPU, so the learner's share of the work is {share:.2f} of {cores} cores")
 
 
-def actor_commands(
-    address: str, envs_per_process: List[int], seed: int, token_env: bool, tls_ca: Optional[str], nice: int = 0
-) -> List[List[str]]:
-    """The launcher's actor process commands (``token_env``: the token is passed in their environment)."""
-    from actors.supervisor import actor_process_commands
-
-    return actor_process_commands(address, envs_per_process, seed, nice=nice, tls_ca=tls_ca)
-
-
 def actor_environment(token: Optional[str]) -> dict:
     """Environment of actor processes: one BLAS and one llvmpipe thread each, EGL, the token."""
     env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
+    for var in ACTOR_THREAD_VARS:
         env[var] = "1"
     env.setdefault("MUJOCO_GL", "egl")
     if token:
@@ -121,15 +114,15 @@ def main(argv=None) -> int:
     threads, why = choose_learner_threads(args.learner_threads, cores, costs, fallback=max(1, cores - plan.processes))
     log.info("learner threads: %d (%s)", threads, why)
     configure_threads(threads)
-    from actors.supervisor import ActorSupervisor
+    from actors.supervisor import ActorSupervisor, actor_process_commands
     from learner.run import start_trainer
 
     trainer, stop = start_trainer(config, env_spec)
     if trainer is None:
         return 2
     supervisor = ActorSupervisor(
-        actor_commands(trainer.server.address, plan.envs_per_process, config.seed, bool(config.token), config.tls_cert,
-                       nice=config.actor_nice),
+        actor_process_commands(trainer.server.address, plan.envs_per_process, config.seed, nice=config.actor_nice,
+                               tls_ca=config.tls_cert),
         log_dir=os.path.join(config.logdir, "actors"),
         max_restarts=config.max_actor_restarts,
         env=actor_environment(config.token),

@@ -15,7 +15,11 @@ import dataclasses
 import os
 from typing import List, Optional
 
-__all__ = ["ActorPlan", "plan_actors", "available_memory_mb", "available_cores", "PlanError"]
+__all__ = ["ActorPlan", "plan_actors", "available_memory_mb", "available_cores", "PlanError", "ACTOR_THREAD_VARS"]
+
+# Set to 1 in every actor process (and in the env probe, which times the actors' work): one
+# BLAS/OpenMP and one llvmpipe render thread each, since the plan runs a process per core.
+ACTOR_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS")
 
 PROCESS_BASE_MB = 210
 LEARNER_MB = 1200

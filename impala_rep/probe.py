@@ -20,6 +20,7 @@ import subprocess
 import sys
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from impala_rep.plan import ACTOR_THREAD_VARS
 from impala_rep.specs import EnvSpec
 
 __all__ = ["probe_env_spec", "probe_env", "EnvProbeError"]
@@ -57,7 +58,7 @@ def probe_env(
     payload = json.dumps(request)
     env = dict(os.environ)
     env.setdefault("MUJOCO_GL", "egl")
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
+    for var in ACTOR_THREAD_VARS:
         env[var] = "1"  # as in the actor processes, whose costs it times
     try:
         proc = subprocess.run(

@@ -142,7 +142,8 @@ class Batcher:
     """Takes ``batch_size`` unrolls at a time from the queue and stacks them.
 
     With ``replay_ratio`` R > 0, ``round(R * batch_size)`` of each batch's unrolls are drawn
-    from a :class:`ReplayBuffer` of the unrolls trained on before (fewer while it fills) and
+    from a :class:`ReplayBuffer` of the ``replay_capacity`` (default 8 batches) newest unrolls
+    trained on before (fewer while it fills) and
     the rest come fresh from the queue; every batch has at least one fresh unroll. Replayed
     unrolls keep the behaviour log-probabilities they were acted with, so V-trace corrects
     for their older policies. The batch's episode returns, and ``Batch.fresh``, count only

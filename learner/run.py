@@ -134,7 +134,7 @@ class Trainer:
         )
         self.batcher = PrefetchingBatcher(Batcher(
             self.queue, self.unroll_spec, config.batch_size, self.frame_stack,
-            replay_ratio=config.replay_ratio, replay_capacity=config.replay_capacity, seed=config.seed))
+            replay_ratio=config.replay_ratio, replay_capacity=config.replay_unrolls, seed=config.seed))
         self.action_repeat = env_action_repeat(config)
         self._returns: collections.deque = collections.deque(maxlen=100)
         self._writer = tf.summary.create_file_writer(os.path.join(config.logdir, "summaries"))

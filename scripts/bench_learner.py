@@ -39,9 +39,9 @@ def run_one(args) -> dict:
     torso, replicas = args.torso[0], args.replicas[0]
     replicator = make_replicator(args.kind, num_replicas=None if args.kind == "gpu" and replicas == 0 else replicas)
 
+    from impala_rep.framestack import aligned_empty
     from impala_rep.networks import NetworkConfig
     from impala_rep.specs import ArraySpec
-    from impala_rep.framestack import aligned_empty
     from learner.step import LearnerStep
 
     obs = {"pixels": ArraySpec("pixels", tuple(args.obs_shape), "uint8")}

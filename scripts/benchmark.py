@@ -76,7 +76,6 @@ UNROLL_LENGTH = 20
 BATCH_SIZE = 32
 FRAME_STACK = 3
 NETWORK = "shallow"
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,9 +247,11 @@ def select_window(records: Sequence[Mapping[str, Any]], warmup: float, seconds: 
 
 
 def _env(threads_one: bool = True) -> Dict[str, str]:
+    from impala_rep.plan import ACTOR_THREAD_VARS
+
     env = dict(os.environ)
     if threads_one:
-        for var in THREAD_VARS:
+        for var in ACTOR_THREAD_VARS:
             env[var] = "1"
     env.setdefault("MUJOCO_GL", "egl")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -262,13 +263,10 @@ def _child_env_rate(workload: Workload, seconds: float) -> Dict[str, Any]:
     import numpy as np
 
     import envs
+    from impala_rep.costs import random_actions
 
     env = envs.make(workload.env_id, seed=0, **workload.env_kwargs)
-    spec = env.action_spec()
-    rng = np.random.default_rng(0)
-    lo = np.broadcast_to(spec.minimum, spec.shape)
-    hi = np.broadcast_to(spec.maximum, spec.shape)
-    actions = rng.uniform(lo, hi, size=(256,) + spec.shape).astype(spec.dtype)
+    actions = random_actions(env.action_spec(), 256, np.random.default_rng(0))
     env.reset()
     for i in range(10):  # warm-up (first renders)
         env.step(actions[i])

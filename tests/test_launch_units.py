@@ -153,12 +153,13 @@ def test_lr_warmup_flag_reaches_the_optimizer_config_and_rejects_negatives(capsy
 
 def test_launcher_starts_actors_with_lowered_priority():
     from impala_rep.flags import config_from_args
-    from impala_rep.launch import actor_commands, build_parser
+    from actors.supervisor import actor_process_commands
+    from impala_rep.launch import build_parser
 
     parser = build_parser()
     assert config_from_args(parser.parse_args(["--env", "catch"])).actor_nice == 10
     assert config_from_args(parser.parse_args(["--env", "catch", "--actor-nice", "0"])).actor_nice == 0
-    commands = actor_commands("127.0.0.1:1", [3, 2], seed=0, token_env=False, tls_ca=None, nice=10)
+    commands = actor_process_commands("127.0.0.1:1", [3, 2], seed=0, nice=10)  # as the launcher calls it
     assert all(cmd[cmd.index("--nice") + 1] == "10" for cmd in commands)
 
 
