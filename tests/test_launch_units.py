@@ -263,3 +263,20 @@ def test_actor_process_commands_split_ids_seeds_and_options():
                                                                                      (2, 1, "host-1", 2007)]
     assert all(p.nice == 4 and p.tls_ca == "ca.pem" and p.give_up_after == 30.0 for p in parsed)
     assert all("--token" not in cmd for cmd in commands)  # the token travels in the environment
+
+
+def test_replay_flags_reach_the_config_and_bad_values_are_sentences(capsys):
+    from impala_rep.config import ConfigError
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    config = config_from_args(parser.parse_args(["--env", "catch", "--replay-ratio", "0.25", "--replay-unrolls", "64"]))
+    assert (config.replay_ratio, config.replay_unrolls) == (0.25, 64)
+    assert (config_from_args(parser.parse_args(["--env", "catch"])).replay_ratio) == 0.0
+    for bad in ("-0.5", "1.5"):
+        with pytest.raises(ConfigError, match="replay-ratio must be at least 0 and below 1"):
+            config_from_args(parser.parse_args(["--env", "catch", "--replay-ratio", bad]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--env", "catch", "--replay-unrolls", "0"])
+    assert "expected a positive integer, got 0" in capsys.readouterr().err
