@@ -177,11 +177,11 @@ def _supervise(args, token: Optional[str]) -> int:
     import time
 
     from actors.supervisor import ActorSupervisor, actor_process_commands
+    from impala_rep.plan import split_envs
 
-    base, rest = divmod(args.actors, args.actor_processes)
     # This mostly idle parent keeps its own priority.
     commands = actor_process_commands(
-        args.learner_address, [base + (1 if i < rest else 0) for i in range(args.actor_processes)], args.seed,
+        args.learner_address, split_envs(args.actors, args.actor_processes), args.seed,
         id_prefix=args.actor_id or "actor", nice=args.nice, tls_ca=args.tls_ca, give_up_after=args.give_up_after)
     env = dict(os.environ)
     if token:

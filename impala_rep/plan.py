@@ -15,7 +15,7 @@ import dataclasses
 import os
 from typing import List, Optional
 
-__all__ = ["ActorPlan", "plan_actors", "available_memory_mb", "available_cores", "PlanError", "ACTOR_THREAD_VARS"]
+__all__ = ["ActorPlan", "plan_actors", "split_envs", "available_memory_mb", "available_cores", "PlanError", "ACTOR_THREAD_VARS"]
 
 # Set to 1 in every actor process (and in the env probe, which times the actors' work): one
 # BLAS/OpenMP and one llvmpipe render thread each, since the plan runs a process per core.
@@ -73,6 +73,12 @@ def env_memory_kind(env_id: str, env_kwargs: dict) -> str:
     return "small"
 
 
+def split_envs(actors: int, processes: int) -> List[int]:
+    """``actors`` envs over ``processes`` processes, as evenly as possible (the first ones get the rest)."""
+    base, rest = divmod(actors, processes)
+    return [base + (1 if i < rest else 0) for i in range(processes)]
+
+
 def plan_actors(
     actors: int,
     env_id: str,
@@ -90,8 +96,7 @@ def plan_actors(
         processes = max(1, min(actors, cores))
     if processes > actors:
         raise PlanError(f"--actor-processes {processes} exceeds --actors {actors}; each process hosts at least one env.")
-    base, rest = divmod(actors, processes)
-    envs = [base + (1 if i < rest else 0) for i in range(processes)]
+    envs = split_envs(actors, processes)
     per_env = ENV_MB[env_memory_kind(env_id, env_kwargs or {})]
     estimate = LEARNER_MB + processes * PROCESS_BASE_MB + actors * per_env
     budget = int(memory_mb * MEMORY_HEADROOM)

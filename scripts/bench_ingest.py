@@ -68,8 +68,6 @@ def _cpu_seconds():
 
 
 def run_setting(n_clients, procs, seconds, warmup, batch, unroll_length=20, size=84):
-    import numpy as np  # noqa: F401
-
     from impala_rep.specs import ArraySpec, EnvSpec, unroll_spec
     from learner.batcher import Batcher
     from learner.params import ParameterStore

@@ -8,7 +8,7 @@ import pytest
 
 from actors.supervisor import ActorSupervisor
 from impala_rep.config import ConfigError, RunConfig
-from impala_rep.plan import PlanError, plan_actors
+from impala_rep.plan import PlanError, plan_actors, split_envs
 
 
 def test_run_config_round_trips_and_hides_the_token():
@@ -47,6 +47,8 @@ def test_plan_spreads_envs_over_processes_and_fits_64_actors_here():
     assert plan.processes == 2 and plan.envs_per_process == [32, 32]
     plan = plan_actors(10, "catch", {}, processes=3, cores=2, memory_mb=24 * 1024)
     assert plan.envs_per_process == [4, 3, 3]
+    # actors.run --actor-processes splits the same way
+    assert split_envs(10, 3) == [4, 3, 3] and split_envs(7, 7) == [1] * 7
 
 
 def test_plan_refuses_what_cannot_fit_and_says_what_would():
@@ -263,6 +265,37 @@ def test_actor_process_commands_split_ids_seeds_and_options():
                                                                                      (2, 1, "host-1", 2007)]
     assert all(p.nice == 4 and p.tls_ca == "ca.pem" and p.give_up_after == 30.0 for p in parsed)
     assert all("--token" not in cmd for cmd in commands)  # the token travels in the environment
+
+
+def test_actors_run_with_several_processes_supervises_the_split(monkeypatch):
+    import actors.run
+    import actors.supervisor
+
+    seen = {}
+
+    class GivesUp:  # stands in for the supervisor: records what it would start, then gives up
+        all_given_up = True
+
+        def __init__(self, commands, max_restarts, env):
+            seen.update(commands=commands, env=env)
+
+        def start(self):
+            seen["started"] = True
+
+        def poll(self):
+            pass
+
+        def stop(self):
+            seen["stopped"] = True
+
+    monkeypatch.setattr(actors.supervisor, "ActorSupervisor", GivesUp)
+    monkeypatch.setattr(actors.run.signal, "signal", lambda *_: None)  # keep pytest's own handlers
+    code = actors.run.main(["--learner-address", "127.0.0.1:1", "--actors", "5", "--actor-processes", "2",
+                            "--token", "s3cret", "--nice", "3"])
+    assert code == 1  # every process gave up
+    parsed = [actors.run.build_parser().parse_args(cmd[3:]) for cmd in seen["commands"]]
+    assert [(p.actors, p.nice) for p in parsed] == [(3, 3), (2, 3)]
+    assert seen["env"]["IMPALA_REP_TOKEN"] == "s3cret" and seen["started"] and seen["stopped"]
 
 
 def test_replay_flags_reach_the_config_and_bad_values_are_sentences(capsys):
