@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["RunConfig", "LEARNER_KINDS", "actor_view", "frame_stack_keys", "ConfigError"]
+__all__ = ["RunConfig", "LEARNER_KINDS", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
 
 LEARNER_KINDS = ("cpu", "gpu", "tpu", "auto")
 
@@ -25,6 +25,13 @@ def _positive(name: str, value: Optional[float], allow_none: bool = False) -> No
         return
     if value is None or value <= 0:
         raise ConfigError(f"{name} must be a positive number, got {value!r}.")
+
+
+def replayed_per_batch(batch_size: int, replay_ratio: float) -> int:
+    """Replayed unrolls in each batch at ``replay_ratio``: the nearest whole number, leaving at
+    least one fresh unroll. The rest of the batch (the fresh unrolls) is what advances the run's
+    agent steps, so a run of N agent steps takes N / (unroll length x fresh unrolls) learner steps."""
+    return min(int(batch_size) - 1, int(round(replay_ratio * int(batch_size))))
 
 
 @dataclasses.dataclass(frozen=True)

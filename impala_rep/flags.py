@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional
 
-from impala_rep.config import LEARNER_KINDS, RunConfig
+from impala_rep.config import LEARNER_KINDS, RunConfig, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "UsageError"]
 
@@ -139,7 +139,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.reward_clip is not None:
         loss["reward_clip"] = args.reward_clip
     optimizer: Dict[str, Any] = {"learning_rate": args.learning_rate, "clip_norm": args.clip_norm}
-    updates = -(-args.total_steps // (args.unroll_length * args.batch_size))
+    # Learner steps in the run; with replay each batch advances the agent steps by its fresh share only.
+    fresh = args.batch_size - replayed_per_batch(args.batch_size, args.replay_ratio)
+    updates = -(-args.total_steps // (args.unroll_length * fresh))
     if not args.no_anneal:
         optimizer["anneal_steps"] = updates
     optimizer["warmup_steps"] = min(100, updates // 20) if args.lr_warmup is None else args.lr_warmup

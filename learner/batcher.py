@@ -33,6 +33,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from impala_rep.config import replayed_per_batch
 from impala_rep.framestack import aligned_empty, rebuild_stack
 from impala_rep.specs import ArraySpec
 from learner.queue import UnrollQueue
@@ -179,7 +180,7 @@ class Batcher:
         self.unroll_spec = dict(unroll_spec)
         self.batch_size = int(batch_size)
         self.frame_stack = dict(frame_stack or {})
-        self.replay_per_batch = min(self.batch_size - 1, int(round(replay_ratio * self.batch_size)))
+        self.replay_per_batch = replayed_per_batch(self.batch_size, replay_ratio)
         self.replay: Optional[ReplayBuffer] = None
         if self.replay_per_batch > 0:
             self.replay = ReplayBuffer(replay_capacity or 8 * self.batch_size, seed=seed)

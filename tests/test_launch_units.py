@@ -307,6 +307,12 @@ def test_replay_flags_reach_the_config_and_bad_values_are_sentences(capsys):
     config = config_from_args(parser.parse_args(["--env", "catch", "--replay-ratio", "0.25", "--replay-unrolls", "64"]))
     assert (config.replay_ratio, config.replay_unrolls) == (0.25, 64)
     assert (config_from_args(parser.parse_args(["--env", "catch"])).replay_ratio) == 0.0
+    # The run's agent steps count fresh unrolls only, so replay stretches the learning-rate anneal
+    # over the learner steps the run really takes: 6,400 steps / (10 x 32 fresh) = 20 learner steps,
+    # / (10 x 16 fresh) = 40 with half of each batch replayed.
+    run = ["--env", "catch", "--total-steps", "6400", "--unroll-length", "10", "--batch-size", "32"]
+    assert config_from_args(parser.parse_args(run)).optimizer["anneal_steps"] == 20
+    assert config_from_args(parser.parse_args(run + ["--replay-ratio", "0.5"])).optimizer["anneal_steps"] == 40
     for bad in ("-0.5", "1.5"):
         with pytest.raises(ConfigError, match="replay-ratio must be at least 0 and below 1"):
             config_from_args(parser.parse_args(["--env", "catch", "--replay-ratio", bad]))
