@@ -69,6 +69,8 @@ class RunConfig:
     jit_compile: bool = False
     replay_ratio: float = 0.0
     replay_unrolls: Optional[int] = None
+    eval_episodes: int = 0
+    eval_greedy: bool = False
 
     def __post_init__(self):
         if not isinstance(self.env, str) or not self.env:
@@ -106,6 +108,11 @@ class RunConfig:
             raise ConfigError(
                 f"replay-ratio must be at least 0 and below 1 (the share of each batch replayed; every batch "
                 f"keeps a fresh unroll), got {self.replay_ratio!r}."
+            )
+        if isinstance(self.eval_episodes, bool) or not isinstance(self.eval_episodes, int) or self.eval_episodes < 0:
+            raise ConfigError(
+                f"eval-episodes must be a whole number of episodes to evaluate each exported policy on "
+                f"(0: no evaluation during training), got {self.eval_episodes!r}."
             )
         if not 0 <= self.actor_nice <= 19:
             raise ConfigError(f"actor-nice must be between 0 and 19, got {self.actor_nice}.")

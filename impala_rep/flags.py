@@ -97,6 +97,11 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--keep-checkpoints", type=_positive_int, default=3)
     g.add_argument("--no-resume", action="store_true", help="start fresh even if the logdir holds a checkpoint")
     g.add_argument("--log-interval", type=_positive_float, default=5.0, help="seconds between progress lines")
+    g.add_argument("--eval-episodes", type=_nonnegative_int, default=0, metavar="N",
+                   help="evaluate each exported policy (every checkpoint and the last) on N episodes in a "
+                        "separate process: eval/eval-STEP.json, eval/return in TensorBoard, a log line "
+                        "(default 0: none)")
+    g.add_argument("--eval-greedy", action="store_true", help="those evaluations act with the policy's mode")
 
     g = parser.add_argument_group("network service")
     g.add_argument("--bind", default="127.0.0.1", help="interface the learner listens on (default loopback only)")
@@ -178,4 +183,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         jit_compile=args.jit,
         replay_ratio=args.replay_ratio,
         replay_unrolls=args.replay_unrolls,
+        eval_episodes=args.eval_episodes,
+        eval_greedy=args.eval_greedy,
     )

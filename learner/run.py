@@ -23,12 +23,15 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 import numpy as np
 
 from impala_rep.config import RunConfig, actor_view, frame_stack_keys
 from impala_rep.specs import ArraySpec, EnvSpec, stacked_observation_specs, unroll_spec
+
+if TYPE_CHECKING:
+    from learner.evaluator import EvalResult
 
 __all__ = ["Trainer", "main", "start_trainer"]
 
@@ -54,6 +57,7 @@ class Trainer:
         from impala_rep.networks.numpy_backend import NumpyNetwork
         from impala_rep.replicator import make_replicator
         from learner.batcher import Batcher, PrefetchingBatcher
+        from learner.evaluator import PolicyEvaluator
         from learner.params import ParameterStore
         from learner.queue import UnrollQueue
         from learner.server import LearnerServer
@@ -141,6 +145,10 @@ class Trainer:
         self._metrics_file = open(os.path.join(config.logdir, "metrics.jsonl"), "a")
         self._last_checkpoint = time.monotonic()
         self.last_metrics: Dict[str, float] = {}
+        self.evaluator: Optional[PolicyEvaluator] = None
+        if config.eval_episodes:
+            self.evaluator = PolicyEvaluator(config.logdir, config.eval_episodes, greedy=config.eval_greedy,
+                                             seed=config.seed, nice=config.actor_nice)
         # Seconds of the current progress window spent waiting for a batch (queue and
         # batching), in the learner step, and publishing parameters.
         self._timing: Dict[str, float] = collections.defaultdict(float)
@@ -196,13 +204,37 @@ class Trainer:
         )
         self._last_checkpoint = time.monotonic()
         log.info("checkpoint %s and policy export written", path)
+        if self.evaluator is not None:
+            self.evaluator.start(self.learner_step)
         return path
+
+    # Seconds the last evaluation may take once training has stopped.
+    FINAL_EVAL_TIMEOUT_S = 600.0
+
+    def _report_eval(self, result: Optional["EvalResult"]) -> None:
+        import tensorflow as tf
+
+        if result is None:
+            return
+        log.info("evaluation at learner step %d (%d agent steps): return %.1f ± %.1f over %d %s episodes",
+                 result.learner_step, result.agent_steps, result.mean_return, result.std_return, result.episodes,
+                 "greedy" if result.greedy else "sampled")
+        with self._writer.as_default(step=result.agent_steps):
+            tf.summary.scalar("eval/return", result.mean_return)
+            tf.summary.scalar("eval/return_std", result.std_return)
+        self._writer.flush()
 
     def close(self, save: bool = True) -> None:
         try:
             if save:
+                if self.evaluator is not None:  # an evaluation still running, so the last export gets one too
+                    self._report_eval(self.evaluator.wait(self.FINAL_EVAL_TIMEOUT_S))
                 self.save()
+                if self.evaluator is not None:
+                    self._report_eval(self.evaluator.wait(self.FINAL_EVAL_TIMEOUT_S))
         finally:
+            if self.evaluator is not None:
+                self.evaluator.close()
             self.server.stop()
             self.queue.close()
             self.batcher.close()
@@ -269,6 +301,8 @@ class Trainer:
                 window_t, window_steps, window_agent = now, self.learner_step, int(self.agent_steps.numpy())
             if now - self._last_checkpoint >= cfg.checkpoint_interval_s:
                 self.save()
+            if self.evaluator is not None:
+                self._report_eval(self.evaluator.poll())
         return self.last_metrics
 
     def _record(self, metrics, lag, extra, learner_sps: float, agent_sps: float) -> Dict[str, float]:

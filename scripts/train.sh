@@ -3,7 +3,8 @@
 # machine. The defaults below are the settings of the best cartpole run in docs/RESULTS.md
 # (run 8: action repeat 8, an 11-bin discretised policy, rewards scaled by 1/8, gradient
 # clip 1000, entropy cost 0.02, unrolls of 10 steps, learning-rate warm-up, constant
-# learning rate; about an hour here). Extra
+# learning rate; about an hour here). Each checkpoint's policy is evaluated on 10 greedy
+# episodes as it trains (RUN_DIR/eval). Extra
 # arguments go to `python -m impala_rep.launch` after them: a repeated flag overrides,
 # except --env-arg, which adds a key (and may not repeat one).
 set -euo pipefail
@@ -12,4 +13,5 @@ EXTRAS="${EXTRAS:-plots}" bash scripts/setup.sh
 export MUJOCO_GL="${MUJOCO_GL:-egl}"
 exec .venv/bin/python -m impala_rep.launch --env dmc/cartpole-swingup --learner cpu \
     --env-arg action_repeat=8 --policy discretised --bins 11 --clip-norm 1000 --entropy-cost 0.02 \
-    --unroll-length 10 --actors 16 --total-steps 1550000 --no-anneal --logdir runs/cartpole-swingup "$@"
+    --unroll-length 10 --actors 16 --total-steps 1550000 --no-anneal --eval-episodes 10 --eval-greedy \
+    --logdir runs/cartpole-swingup "$@"

@@ -82,6 +82,23 @@ def _wait_for(proc, text, lines, timeout):
     return False
 
 
+def test_each_exported_policy_is_evaluated_during_training(tmp_path):
+    logdir = str(tmp_path / "run")
+    proc = launch(*CATCH, "--actors", "2", "--total-steps", "16000", "--checkpoint-interval", "2",
+                  "--eval-episodes", "5", "--eval-greedy", "--logdir", logdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = re.findall(r"evaluation at learner step (\d+) \((\d+) agent steps\): return (-?[\d.]+) ± [\d.]+ "
+                       r"over 5 greedy episodes", proc.stderr)
+    assert lines, proc.stderr[-3000:]
+    # The last export (the end of the run: 16,000 agent steps = 100 learner steps) is always evaluated.
+    assert lines[-1][:2] == ("100", "16000"), lines
+    for step, _, mean in lines:
+        report = json.loads(open(os.path.join(logdir, "eval", f"eval-{step}.json")).read())
+        assert report["greedy"] and report["episodes"] == 5 and abs(report["mean_return"] - float(mean)) < 0.05
+    with open(os.path.join(logdir, "config.json")) as f:
+        assert json.load(f)["eval_episodes"] == 5
+
+
 def test_killed_actor_is_restarted_and_sigterm_leaves_a_loadable_checkpoint(tmp_path):
     logdir = str(tmp_path / "run")
     proc = subprocess.Popen(

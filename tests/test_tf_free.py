@@ -13,6 +13,7 @@ ACTOR_SIDE = [
     "impala_rep.probe",
     "impala_rep.export",
     "impala_rep.evaluate",
+    "learner.evaluator",
     "impala_rep.distributions",
     "impala_rep.networks",
     "impala_rep.networks.numpy_backend",
