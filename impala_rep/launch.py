@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Optional
 
-from impala_rep.plan import ACTOR_THREAD_VARS
+from impala_rep.plan import actor_process_env
 
 __all__ = ["main", "build_parser", "choose_learner_threads"]
 
@@ -74,10 +74,7 @@ def choose_learner_threads(requested, cores: int, costs, fallback: int = 1) -> t
 
 def actor_environment(token: Optional[str]) -> dict:
     """Environment of actor processes: one BLAS and one llvmpipe thread each, EGL, the token."""
-    env = dict(os.environ)
-    for var in ACTOR_THREAD_VARS:
-        env[var] = "1"
-    env.setdefault("MUJOCO_GL", "egl")
+    env = actor_process_env()
     if token:
         env["IMPALA_REP_TOKEN"] = token  # not on the command line, where ps would show it
     return env

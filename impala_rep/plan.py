@@ -15,11 +15,21 @@ import dataclasses
 import os
 from typing import List, Optional
 
-__all__ = ["ActorPlan", "plan_actors", "split_envs", "available_memory_mb", "available_cores", "PlanError", "ACTOR_THREAD_VARS"]
+__all__ = ["ActorPlan", "plan_actors", "split_envs", "available_memory_mb", "available_cores", "PlanError", "ACTOR_THREAD_VARS",
+           "actor_process_env"]
 
 # Set to 1 in every actor process (and in the env probe, which times the actors' work): one
 # BLAS/OpenMP and one llvmpipe render thread each, since the plan runs a process per core.
 ACTOR_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS")
+
+
+def actor_process_env() -> dict:
+    """This process's environment for a child that runs envs as the actors do (actor processes,
+    the env probe, the evaluator): :data:`ACTOR_THREAD_VARS` at 1, MuJoCo on EGL unless set."""
+    env = dict(os.environ)
+    env.update({name: "1" for name in ACTOR_THREAD_VARS})
+    env.setdefault("MUJOCO_GL", "egl")
+    return env
 
 PROCESS_BASE_MB = 210
 LEARNER_MB = 1200

@@ -15,12 +15,11 @@ thread, as actor processes do.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from impala_rep.plan import ACTOR_THREAD_VARS
+from impala_rep.plan import actor_process_env
 from impala_rep.specs import EnvSpec
 
 __all__ = ["probe_env_spec", "probe_env", "EnvProbeError"]
@@ -56,10 +55,7 @@ def probe_env(
     if costs is not None:
         request["costs"] = dict(costs)
     payload = json.dumps(request)
-    env = dict(os.environ)
-    env.setdefault("MUJOCO_GL", "egl")
-    for var in ACTOR_THREAD_VARS:
-        env[var] = "1"  # as in the actor processes, whose costs it times
+    env = actor_process_env()  # as in the actor processes, whose costs it times
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "impala_rep.probe", payload],

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from typing import List, Optional
 
-from impala_rep.plan import ACTOR_THREAD_VARS
+from impala_rep.plan import actor_process_env
 
 __all__ = ["EvalResult", "PolicyEvaluator"]
 
@@ -83,8 +83,7 @@ class PolicyEvaluator:
         os.makedirs(eval_dir, exist_ok=True)
         self._step = int(learner_step)
         self._report = os.path.join(eval_dir, f"eval-{self._step}.json")
-        env = dict(os.environ)
-        env.update({name: "1" for name in ACTOR_THREAD_VARS})
+        env = actor_process_env()
         nice = self.nice
         self._log_file = open(os.path.join(eval_dir, "evaluator.log"), "ab")  # pylint: disable=consider-using-with
         self._proc = subprocess.Popen(  # pylint: disable=consider-using-with

@@ -247,12 +247,9 @@ def select_window(records: Sequence[Mapping[str, Any]], warmup: float, seconds: 
 
 
 def _env(threads_one: bool = True) -> Dict[str, str]:
-    from impala_rep.plan import ACTOR_THREAD_VARS
+    from impala_rep.plan import actor_process_env
 
-    env = dict(os.environ)
-    if threads_one:
-        for var in ACTOR_THREAD_VARS:
-            env[var] = "1"
+    env = actor_process_env() if threads_one else dict(os.environ)
     env.setdefault("MUJOCO_GL", "egl")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
