@@ -205,6 +205,7 @@ class Trainer:
         self._last_checkpoint = time.monotonic()
         log.info("checkpoint %s and policy export written", path)
         if self.evaluator is not None:
+            self._report_eval(self.evaluator.poll())  # one that finished since the last poll is not lost
             self.evaluator.start(self.learner_step)
         return path
 

@@ -298,6 +298,37 @@ def test_actors_run_with_several_processes_supervises_the_split(monkeypatch):
     assert seen["env"]["IMPALA_REP_TOKEN"] == "s3cret" and seen["started"] and seen["stopped"]
 
 
+def test_actor_process_env_sets_one_thread_each_and_egl_unless_set(monkeypatch):
+    from impala_rep.launch import actor_environment
+    from impala_rep.plan import ACTOR_THREAD_VARS, actor_process_env
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    env = actor_process_env()
+    assert all(env[name] == "1" for name in ACTOR_THREAD_VARS) and env["MUJOCO_GL"] == "egl"
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")
+    assert actor_process_env()["MUJOCO_GL"] == "osmesa"  # a user's choice stays
+    assert actor_environment("s3cret")["IMPALA_REP_TOKEN"] == "s3cret"
+    monkeypatch.delenv("IMPALA_REP_TOKEN", raising=False)
+    assert "IMPALA_REP_TOKEN" not in actor_environment(None)
+
+
+def test_eval_flags_reach_the_config_and_bad_values_are_sentences(capsys):
+    from impala_rep.config import ConfigError, RunConfig
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    config = config_from_args(parser.parse_args(["--env", "catch", "--eval-episodes", "7", "--eval-greedy"]))
+    assert (config.eval_episodes, config.eval_greedy) == (7, True)
+    assert config_from_args(parser.parse_args(["--env", "catch"])).eval_episodes == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--env", "catch", "--eval-episodes", "-1"])
+    assert "expected a whole number (0 or more), got -1" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="eval-episodes must be a whole number of episodes"):
+        RunConfig(eval_episodes=-3)
+
+
 def test_replay_flags_reach_the_config_and_bad_values_are_sentences(capsys):
     from impala_rep.config import ConfigError
     from impala_rep.flags import config_from_args
