@@ -66,7 +66,11 @@ class Actor:
       sink: called with each finished :class:`UnrollBatch`.
       fetch_params: called between unrolls with the version the actor holds.
       seed: seeds the action sampling.
-      greedy: act with the policy's mode instead of sampling (evaluation).
+      policy_version: the version of the parameters the network holds.
+      desync_steps: before the first unroll, each env takes a random number in [0, N) of
+        random-action steps that are not recorded, so that envs whose episodes all last the
+        same number of steps are out of phase and each batch mixes all parts of an episode.
+        The episode each env is in then is not reported (its return is partly random play).
     """
 
     def __init__(
@@ -80,11 +84,14 @@ class Actor:
         fetch_params: Optional[FetchParams] = None,
         seed: Optional[int] = None,
         policy_version: int = 0,
+        desync_steps: int = 0,
     ):
         if not envs:
             raise ValueError("an actor needs at least one env.")
         if int(unroll_length) < 1:
             raise ValueError(f"unroll_length must be at least 1, got {unroll_length}.")
+        if int(desync_steps) < 0:
+            raise ValueError(f"desync_steps must be 0 or more, got {desync_steps}.")
         self._envs = list(envs)
         self._network = network
         self._policy = policy
@@ -102,6 +109,10 @@ class Actor:
         self._episode_return = np.zeros(n, np.float64)
         self._episode_length = np.zeros(n, np.int64)
         self._finished: List[List[Tuple[float, int]]] = [[] for _ in range(n)]
+        # Envs whose current episode began with unrecorded random steps (not reported).
+        self._partial = np.zeros(n, bool)
+        if int(desync_steps) > 0:
+            self._desync(int(desync_steps))
         self._steps: List[Dict[str, np.ndarray]] = []  # per step: batched [E, ...] arrays
         # Frame prefix and core state of the unroll being filled, and of the next one
         # (recorded when its opening step, the current unroll's last, is taken).
@@ -109,6 +120,16 @@ class Actor:
         self._core_state: Dict[str, np.ndarray] = {}
         self._next_prefix: Dict[str, np.ndarray] = {}
         self._next_core_state: Dict[str, np.ndarray] = {}
+
+    def _desync(self, max_steps: int) -> None:
+        from impala_rep.costs import random_actions
+
+        for i, env in enumerate(self._envs):
+            spec = env.action_spec()
+            for _ in range(int(self._rng.integers(0, max_steps))):
+                ts = env.step(random_actions(spec, 1, self._rng)[0])
+                self._timesteps[i] = env.reset() if ts.step_type == dm_env.StepType.LAST else ts
+            self._partial[i] = self._timesteps[i].step_type != dm_env.StepType.FIRST
 
     # -- one step ---------------------------------------------------------------------
 
@@ -169,7 +190,9 @@ class Actor:
             else:
                 self._episode_return[i] += ts.reward or 0.0
                 self._episode_length[i] += 1
-            if ts.step_type == dm_env.StepType.LAST:
+            if ts.step_type == dm_env.StepType.LAST and self._partial[i]:
+                self._partial[i] = False
+            elif ts.step_type == dm_env.StepType.LAST:
                 self._finished[i].append((float(self._episode_return[i]), int(self._episode_length[i])))
                 self.stats.episodes += 1
                 self.stats.last_returns = (self.stats.last_returns + [float(self._episode_return[i])])[-100:]

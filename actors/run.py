@@ -44,6 +44,14 @@ def build_actor(client, num_envs: int, seed: int):
             raise ValueError(
                 f"the learner's run_config lacks {key!r}; is {client.address} an impala_rep learner of this version?"
             )
+    from impala_rep.config import MAX_DESYNC_STEPS
+
+    desync = cfg.get("desync_steps", 0)
+    if isinstance(desync, bool) or not isinstance(desync, int) or not 0 <= desync <= MAX_DESYNC_STEPS:
+        raise ValueError(
+            f"the learner's run_config has desync_steps={desync!r}; expected a whole number of agent steps "
+            f"from 0 to {MAX_DESYNC_STEPS}. Is {client.address} an impala_rep learner of this version?"
+        )
     env_list = [envs.make(cfg["env"], seed=seed + i, **cfg["env_kwargs"]) for i in range(num_envs)]
     env_spec = env_spec_from_dm_env(env_list[0])
     net_config = NetworkConfig(**cfg["network"])
@@ -79,7 +87,7 @@ def build_actor(client, num_envs: int, seed: int):
         return (have_version, None) if fresh is None else fresh
 
     return Actor(env_list, network, policy, hs.unroll_length, frame_stack, sink=sink, fetch_params=fetch,
-                 seed=seed, policy_version=version)
+                 seed=seed, policy_version=version, desync_steps=desync)
 
 
 def lower_priority(nice: int) -> str:

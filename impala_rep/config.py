@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["RunConfig", "LEARNER_KINDS", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
+__all__ = ["RunConfig", "LEARNER_KINDS", "MAX_DESYNC_STEPS", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
 
 LEARNER_KINDS = ("cpu", "gpu", "tpu", "auto")
 
@@ -32,6 +32,11 @@ def replayed_per_batch(batch_size: int, replay_ratio: float) -> int:
     least one fresh unroll. The rest of the batch (the fresh unrolls) is what advances the run's
     agent steps, so a run of N agent steps takes N / (unroll length x fresh unrolls) learner steps."""
     return min(int(batch_size) - 1, int(round(replay_ratio * int(batch_size))))
+
+
+# The most unrecorded steps an env takes to get out of phase (desync_steps): longer than any
+# episode worth desynchronising, short enough to bound an actor's start-up.
+MAX_DESYNC_STEPS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +76,7 @@ class RunConfig:
     replay_unrolls: Optional[int] = None
     eval_episodes: int = 0
     eval_greedy: bool = False
+    desync_steps: int = 0
 
     def __post_init__(self):
         if not isinstance(self.env, str) or not self.env:
@@ -114,6 +120,12 @@ class RunConfig:
                 f"eval-episodes must be a whole number of episodes to evaluate each exported policy on "
                 f"(0: no evaluation during training), got {self.eval_episodes!r}."
             )
+        if isinstance(self.desync_steps, bool) or not isinstance(self.desync_steps, int) \
+                or not 0 <= self.desync_steps <= MAX_DESYNC_STEPS:
+            raise ConfigError(
+                f"desync-steps must be a whole number of agent steps from 0 (every env starts its first episode "
+                f"at once) to {MAX_DESYNC_STEPS}, got {self.desync_steps!r}."
+            )
         if not 0 <= self.actor_nice <= 19:
             raise ConfigError(f"actor-nice must be between 0 and 19, got {self.actor_nice}.")
         object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
@@ -152,6 +164,7 @@ def actor_view(config: RunConfig, frame_stack: Mapping[str, int]) -> Dict[str, A
         "frame_stack": dict(frame_stack),
         "network": dict(config.network),
         "seed": config.seed,
+        "desync_steps": config.desync_steps,
     }
 
 

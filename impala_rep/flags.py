@@ -90,6 +90,11 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--queue-unrolls", type=_positive_int, default=None,
                    help="bound of the learner's unroll queue (default: 2 batches)")
+    g.add_argument("--desync-steps", type=_nonnegative_int, default=None, metavar="N",
+                   help="before its first unroll each env takes a random number (0..N-1) of unrecorded random-action "
+                        "steps, so that envs whose episodes all last the same number of steps do not start and end "
+                        "together and each batch mixes all phases of an episode (default: the episode length, "
+                        "1000/action_repeat, for dmc/ ids; 0, off, for others)")
 
     g = parser.add_argument_group("run directory")
     g.add_argument("--logdir", default="runs/default", help="checkpoints, policy, summaries, metrics.jsonl, config.json")
@@ -127,6 +132,17 @@ def parse_env_kwargs(items: List[str]) -> Dict[str, Any]:
     import envs
 
     return envs.parse_env_args(items)
+
+
+def _desync_steps(args: argparse.Namespace, env_kwargs: Dict[str, Any]) -> int:
+    """--desync-steps, or its default: one episode of a dmc/ task (1000 control steps), else 0."""
+    steps = getattr(args, "desync_steps", None)
+    if steps is not None:
+        return steps
+    repeat = env_kwargs.get("action_repeat", 4)
+    if args.env.startswith("dmc/") and isinstance(repeat, int) and repeat >= 1:
+        return -(-1000 // repeat)
+    return 0
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -185,4 +201,5 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         replay_unrolls=args.replay_unrolls,
         eval_episodes=args.eval_episodes,
         eval_greedy=args.eval_greedy,
+        desync_steps=_desync_steps(args, env_kwargs),
     )

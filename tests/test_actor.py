@@ -41,7 +41,7 @@ class RecordingNetwork:
         self.net.set_params(params)
 
 
-def make_actor(env_id, num_envs, T, depth=3, network=None, fetch=None, **env_kwargs):
+def make_actor(env_id, num_envs, T, depth=3, network=None, fetch=None, desync_steps=0, **env_kwargs):
     env_list = [envs.make(env_id, seed=i, **env_kwargs) for i in range(num_envs)]
     spec = env_spec_from_dm_env(env_list[0])
     fs = frame_stack_keys(spec.observations, depth)
@@ -51,8 +51,45 @@ def make_actor(env_id, num_envs, T, depth=3, network=None, fetch=None, **env_kwa
     core = {n: ArraySpec(n, v.shape[1:], v.dtype.name) for n, v in net.initial_state(1).items()}
     uspec = unroll_spec(spec, T, fs, core, policy.action_spec)
     out = []
-    actor = Actor(env_list, net, policy, T, fs, sink=out.append, fetch_params=fetch, seed=0)
+    actor = Actor(env_list, net, policy, T, fs, sink=out.append, fetch_params=fetch, seed=0,
+                  desync_steps=desync_steps)
     return actor, out, uspec, net, fs
+
+
+def _first_last_steps(out, num_envs):
+    """Per env, the index of the first LAST step in its recorded stream."""
+    firsts = []
+    for env in range(num_envs):
+        stream = np.concatenate([u.tensors["step_type"][:-1] for u in out[env::num_envs]])
+        firsts.append(int(np.argmax(stream == STEP_LAST)))
+    return firsts
+
+
+def test_desync_puts_fixed_length_episodes_out_of_phase_and_hides_partial_ones():
+    T, E = 4, 8
+    # In lockstep, every env of catch (episodes of exactly 9 moves) ends at the same step.
+    actor, out, _, _, _ = make_actor("catch", E, T)
+    actor.run(max_steps=E * 8 * T)
+    assert len(set(_first_last_steps(out, E))) == 1
+    actor, out, uspec, net, _ = make_actor("catch", E, T, desync_steps=9, pixels=True)
+    actor.run(max_steps=E * 8 * T)
+    phases = _first_last_steps(out, E)
+    assert len(set(phases)) >= 3, phases
+    # Recorded unrolls stay valid and the frame prefix still rebuilds what the policy saw.
+    for j, unroll in enumerate(out):
+        for key, spec in uspec.items():
+            validate_array(spec, unroll.tensors[key])
+        env, k = j % E, j // E
+        rebuilt = rebuild_stack(unroll.tensors["observation/pixels"], unroll.tensors["frame_prefix/pixels"],
+                                unroll.tensors["step_type"])
+        np.testing.assert_array_equal(rebuilt, np.stack([net.seen[k * T + t]["pixels"][env] for t in range(T + 1)]))
+    # An episode begun with unrecorded random steps is not reported; every other one is, whole.
+    lasts = sum(int(np.sum(u.tensors["step_type"][1:] == STEP_LAST)) for u in out)
+    started_mid = sum(1 for env in range(E) if out[env].tensors["step_type"][0] != STEP_FIRST)
+    assert started_mid >= 1
+    reported = [n for u in out for n in u.episode_lengths]
+    assert len(reported) == lasts - started_mid
+    assert reported and all(n == 9 for n in reported)
 
 
 def test_unrolls_match_the_spec_and_overlap_by_one_step():
@@ -140,6 +177,8 @@ def test_lstm_core_state_travels_with_each_unroll():
 
 
 def test_actor_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="desync_steps"):
+        make_actor("catch", 1, 4, desync_steps=-1)
     with pytest.raises(ValueError, match="at least one env"):
         Actor([], None, None, 5, {}, sink=print)
     env = envs.make("catch", seed=0)
@@ -160,3 +199,30 @@ def test_multi_dimensional_discrete_actions_get_a_factorised_categorical_policy(
         validate_array(uspec["action"], u.tensors["action"])
     env_action = actor._policy.to_env_action(np.array([[0, 4]], np.int32))
     np.testing.assert_array_equal(env_action, [[0, 4]])
+
+
+class _Handshake:
+    def __init__(self, cfg):
+        self._cfg = cfg
+
+    def run_config_dict(self):
+        return dict(self._cfg)
+
+
+class _Client:
+    address = "127.0.0.1:1"
+
+    def __init__(self, cfg):
+        self._cfg = cfg
+
+    def connect(self):
+        return _Handshake(self._cfg)
+
+
+@pytest.mark.parametrize("bad", [-1, 10**9, "125", 2.5, True])
+def test_actor_rejects_a_learners_bad_desync_steps_with_a_sentence(bad):
+    from actors.run import build_actor
+
+    cfg = {"env": "catch", "env_kwargs": {}, "network": {}, "desync_steps": bad}
+    with pytest.raises(ValueError, match="run_config has desync_steps=.*expected a whole number of agent steps"):
+        build_actor(_Client(cfg), 1, 0)

@@ -329,6 +329,33 @@ def test_eval_flags_reach_the_config_and_bad_values_are_sentences(capsys):
         RunConfig(eval_episodes=-3)
 
 
+def test_desync_steps_default_to_one_dmc_episode_and_bad_values_are_sentences(capsys):
+    from impala_rep.config import MAX_DESYNC_STEPS, ConfigError, RunConfig, actor_view
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+
+    def desync(*argv):
+        return config_from_args(parser.parse_args(list(argv))).desync_steps
+
+    # dm_control tasks last 1000 control steps: one episode of agent steps at the action repeat.
+    assert desync("--env", "dmc/cartpole-swingup") == 250
+    assert desync("--env", "dmc/cartpole-swingup", "--env-arg", "action_repeat=8") == 125
+    assert desync("--env", "dmc/walker-walk", "--env-arg", "action_repeat=3") == 334
+    assert desync("--env", "catch") == 0
+    assert desync("--env", "dmc/cartpole-swingup", "--desync-steps", "0") == 0
+    assert desync("--env", "catch", "--desync-steps", "9") == 9
+    config = config_from_args(parser.parse_args(["--env", "catch", "--desync-steps", "9"]))
+    assert actor_view(config, {})["desync_steps"] == 9
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--env", "catch", "--desync-steps", "-1"])
+    assert "expected a whole number (0 or more), got -1" in capsys.readouterr().err
+    for bad in (-1, MAX_DESYNC_STEPS + 1, 2.5, True):
+        with pytest.raises(ConfigError, match="desync-steps must be a whole number of agent steps"):
+            RunConfig(desync_steps=bad)
+
+
 def test_replay_flags_reach_the_config_and_bad_values_are_sentences(capsys):
     from impala_rep.config import ConfigError
     from impala_rep.flags import config_from_args
