@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import dm_env
 import numpy as np
 
+from impala_rep.costs import random_actions
 from impala_rep.framestack import FrameStacker
 
 __all__ = ["Actor", "UnrollBatch", "ActorStats"]
@@ -90,7 +91,8 @@ class Actor:
             raise ValueError("an actor needs at least one env.")
         if int(unroll_length) < 1:
             raise ValueError(f"unroll_length must be at least 1, got {unroll_length}.")
-        if int(desync_steps) < 0:
+        desync_steps = int(desync_steps)
+        if desync_steps < 0:
             raise ValueError(f"desync_steps must be 0 or more, got {desync_steps}.")
         self._envs = list(envs)
         self._network = network
@@ -111,8 +113,8 @@ class Actor:
         self._finished: List[List[Tuple[float, int]]] = [[] for _ in range(n)]
         # Envs whose current episode began with unrecorded random steps (not reported).
         self._partial = np.zeros(n, bool)
-        if int(desync_steps) > 0:
-            self._desync(int(desync_steps))
+        if desync_steps > 0:
+            self._desync(desync_steps)
         self._steps: List[Dict[str, np.ndarray]] = []  # per step: batched [E, ...] arrays
         # Frame prefix and core state of the unroll being filled, and of the next one
         # (recorded when its opening step, the current unroll's last, is taken).
@@ -122,8 +124,6 @@ class Actor:
         self._next_core_state: Dict[str, np.ndarray] = {}
 
     def _desync(self, max_steps: int) -> None:
-        from impala_rep.costs import random_actions
-
         for i, env in enumerate(self._envs):
             spec = env.action_spec()
             for _ in range(int(self._rng.integers(0, max_steps))):

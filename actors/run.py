@@ -44,10 +44,10 @@ def build_actor(client, num_envs: int, seed: int):
             raise ValueError(
                 f"the learner's run_config lacks {key!r}; is {client.address} an impala_rep learner of this version?"
             )
-    from impala_rep.config import MAX_DESYNC_STEPS
+    from impala_rep.config import MAX_DESYNC_STEPS, valid_desync_steps
 
     desync = cfg.get("desync_steps", 0)
-    if isinstance(desync, bool) or not isinstance(desync, int) or not 0 <= desync <= MAX_DESYNC_STEPS:
+    if not valid_desync_steps(desync):
         raise ValueError(
             f"the learner's run_config has desync_steps={desync!r}; expected a whole number of agent steps "
             f"from 0 to {MAX_DESYNC_STEPS}. Is {client.address} an impala_rep learner of this version?"

@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["RunConfig", "LEARNER_KINDS", "MAX_DESYNC_STEPS", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
+__all__ = ["RunConfig", "LEARNER_KINDS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
 
 LEARNER_KINDS = ("cpu", "gpu", "tpu", "auto")
 
@@ -37,6 +37,11 @@ def replayed_per_batch(batch_size: int, replay_ratio: float) -> int:
 # The most unrecorded steps an env takes to get out of phase (desync_steps): longer than any
 # episode worth desynchronising, short enough to bound an actor's start-up.
 MAX_DESYNC_STEPS = 100_000
+
+
+def valid_desync_steps(value: Any) -> bool:
+    """Whether ``value`` is a desync_steps setting: a whole number from 0 to MAX_DESYNC_STEPS."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DESYNC_STEPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +125,7 @@ class RunConfig:
                 f"eval-episodes must be a whole number of episodes to evaluate each exported policy on "
                 f"(0: no evaluation during training), got {self.eval_episodes!r}."
             )
-        if isinstance(self.desync_steps, bool) or not isinstance(self.desync_steps, int) \
-                or not 0 <= self.desync_steps <= MAX_DESYNC_STEPS:
+        if not valid_desync_steps(self.desync_steps):
             raise ConfigError(
                 f"desync-steps must be a whole number of agent steps from 0 (every env starts its first episode "
                 f"at once) to {MAX_DESYNC_STEPS}, got {self.desync_steps!r}."

@@ -134,15 +134,20 @@ def parse_env_kwargs(items: List[str]) -> Dict[str, Any]:
     return envs.parse_env_args(items)
 
 
+def _action_repeat(env_id: str, env_kwargs: Dict[str, Any]) -> Optional[int]:
+    """The env's action repeat (its ``action_repeat`` argument, else 4 for dmc/ ids, else 1);
+    None when the argument is not a whole number of at least 1 (the env factory rejects it)."""
+    repeat = env_kwargs.get("action_repeat", 4 if env_id.startswith("dmc/") else 1)
+    return repeat if isinstance(repeat, int) and not isinstance(repeat, bool) and repeat >= 1 else None
+
+
 def _desync_steps(args: argparse.Namespace, env_kwargs: Dict[str, Any]) -> int:
     """--desync-steps, or its default: one episode of a dmc/ task (1000 control steps), else 0."""
     steps = getattr(args, "desync_steps", None)
     if steps is not None:
         return steps
-    repeat = env_kwargs.get("action_repeat", 4)
-    if args.env.startswith("dmc/") and isinstance(repeat, int) and repeat >= 1:
-        return -(-1000 // repeat)
-    return 0
+    repeat = _action_repeat(args.env, env_kwargs)
+    return -(-1000 // repeat) if args.env.startswith("dmc/") and repeat is not None else 0
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -153,8 +158,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     env_kwargs = parse_env_kwargs(args.env_arg)
     reward_scale = args.reward_scale
     if reward_scale is None:
-        repeat = env_kwargs.get("action_repeat", 4 if args.env.startswith("dmc/") else 1)
-        reward_scale = 1.0 / repeat if isinstance(repeat, int) and repeat >= 1 else 1.0
+        repeat = _action_repeat(args.env, env_kwargs)
+        reward_scale = 1.0 / repeat if repeat is not None else 1.0
     loss = {"discount": args.discount, "entropy_cost": args.entropy_cost, "baseline_cost": args.baseline_cost,
             "reward_scale": reward_scale}
     if args.reward_clip is not None:
