@@ -269,7 +269,7 @@ class FrameStack(Wrapper):
     :class:`impala_rep.framestack.FrameStacker`). Other keys pass through.
 
     Note: the training pipeline stacks frames on the agent side (frames travel once and the
-    learner rebuilds the stack); this wrapper is for standalone use and evaluation.
+    learner's network stacks them in its graph); this wrapper is for standalone use and evaluation.
     """
 
     def __init__(self, env: dm_env.Environment, k: int, keys: Optional[Iterable[str]] = None):

@@ -8,7 +8,10 @@ TensorFlow-free (actor side). One rule, used by the env wrapper, the actor and t
 
 The actor therefore only needs to send each step's newest frame plus, once per unroll, the
 K-1 frames that preceded step 0 (``frame_prefix``); :func:`rebuild_stack` restores exactly
-what :class:`FrameStacker` produced on the actor.
+what :class:`FrameStacker` produced on the actor. The learner does not build the stacks: its
+network takes the single frames and stacks them in its graph by the same rule
+(``impala_rep.networks.tf_backend.stack_sources``); :func:`rebuild_stack` is the NumPy
+statement of the rule, for tests and for reading batches.
 
 Usage::
 

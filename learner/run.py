@@ -90,6 +90,7 @@ class Trainer:
             loss_config=LossConfig(**config.loss),
             optimizer_config=OptimizerConfig(**config.optimizer),
             jit_compile=config.jit_compile,
+            frame_stack=self.frame_stack,
         )
         expected = {k for k in self.step.batch_spec}
         produced = {k for k in self.batch_spec()}
@@ -156,7 +157,7 @@ class Trainer:
     # ------------------------------------------------------------------ specs
 
     def batch_spec(self) -> Dict[str, ArraySpec]:
-        """Spec of a learner batch [T+1, B, ...] (stacked observations; no prefixes)."""
+        """Spec of a learner batch [T+1, B, ...] (stacked keys as ``frames/<key>`` [T+K, B, ...])."""
         b = self.config.batch_size
         out = {}
         for key, spec in self.unroll_spec.items():
@@ -165,8 +166,13 @@ class Trainer:
             if key.startswith("core_state/"):
                 out[key] = spec.with_leading(b)
             elif key.startswith("observation/"):
-                obs = self.obs_specs[key.split("/", 1)[1]]
-                out[key] = obs.with_leading(spec.shape[0], b, name=key)
+                obs_key = key.split("/", 1)[1]
+                k = self.frame_stack.get(obs_key, 1)
+                if k > 1:  # the batcher's [T+K, B, H, W, C] single frames
+                    name = f"frames/{obs_key}"
+                    out[name] = self.env_spec.observations[obs_key].with_leading(spec.shape[0] + k - 1, b, name=name)
+                else:
+                    out[key] = self.obs_specs[obs_key].with_leading(spec.shape[0], b, name=key)
             else:
                 out[key] = ArraySpec(key, (spec.shape[0], b) + spec.shape[1:], spec.dtype,
                                      spec.minimum, spec.maximum, spec.num_values)
@@ -350,13 +356,20 @@ class Trainer:
         )
 
 
-def configure_threads(learner_threads: Optional[int]) -> None:
-    """Sizes TensorFlow's thread pools (entry points only; before TF initialises)."""
+def configure_threads(learner_threads: Optional[int], cpu_replicas: int = 1) -> None:
+    """Sizes TensorFlow's thread pools (entry points only; before TF initialises).
+
+    With ``cpu_replicas`` R > 1 (a CPU learner's logical devices), each replica's ops get
+    ``learner_threads / R`` threads and R of them run at once (inter-op threads), so the
+    replicas compute side by side instead of sharing one op's threads.
+    """
     import tensorflow as tf
 
     if learner_threads:
-        tf.config.threading.set_intra_op_parallelism_threads(learner_threads)
-        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, learner_threads)))
+        replicas = max(1, int(cpu_replicas))
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, learner_threads // replicas))
+        inter = replicas if replicas > 1 else min(2, learner_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, inter))
 
 
 def configure_logging() -> None:

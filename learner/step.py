@@ -39,7 +39,7 @@ Usage::
     learner = LearnerStep.from_config(replicator, NetworkConfig(), obs_specs, env_action_spec,
                                       unroll_length=20, batch_size=32)
     ckpt = tf.train.Checkpoint(**learner.checkpoint_objects())
-    for batch in batches:                       # {"observation/pixels": [21, 32, 84, 84, 9], ...}
+    for batch in batches:                       # {"frames/pixels": [23, 32, 84, 84, 3], ...}
         metrics = learner.train(batch)          # {"loss": ..., "grad_norm": ..., ...}
         version, params = learner.get_params()  # publish to actors
 """
@@ -203,6 +203,7 @@ def make_batch_spec(
     unroll_length: int,
     batch_size: int,
     core_state: Optional[Mapping[str, ArraySpec]] = None,
+    frame_stack: Optional[Mapping[str, int]] = None,
 ) -> Dict[str, ArraySpec]:
     """The spec of a learner batch, as ``learner.batcher`` produces it (global ``B``).
 
@@ -212,8 +213,11 @@ def make_batch_spec(
       unroll_length: T.
       batch_size: B, the global batch.
       core_state: name -> per-unroll recurrent state spec (without the batch dimension).
+      frame_stack: observation key -> K for keys stacked K deep: the batch carries their
+        single frames, ``frames/<key>`` ``[T+K, B, H, W, C]`` (the K-1 frames before step 0,
+        then the T+1 steps), and the network stacks them (``TFNetwork.unroll``).
 
-    Keys: ``observation/<key>`` ``[T+1, B, *obs]``, ``step_type`` (uint8), ``reward``,
+    Keys: ``observation/<key>`` ``[T+1, B, *obs]`` (or ``frames/<key>``), ``step_type`` (uint8), ``reward``,
     ``discount``, ``behaviour_log_prob`` (float32) ``[T+1, B]``, ``action`` ``[T+1, B,
     *action]``, ``core_state/<name>`` ``[B, *state]``. (``policy_version`` is host-side
     bookkeeping and not part of the step's input.)
@@ -222,9 +226,24 @@ def make_batch_spec(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}.")
     steps, b = unroll_length + 1, batch_size
+    frame_stack = {key: int(k) for key, k in (frame_stack or {}).items() if int(k) > 1}
+    unknown = sorted(set(frame_stack) - set(observation_specs))
+    if unknown:
+        raise ValueError(f"frame_stack names {unknown}, which are not observation keys {sorted(observation_specs)}.")
     spec: Dict[str, ArraySpec] = {}
     for key, obs in observation_specs.items():
-        spec[f"observation/{key}"] = obs.with_leading(steps, b, name=f"observation/{key}")
+        k = frame_stack.get(key)
+        if k is None:
+            spec[f"observation/{key}"] = obs.with_leading(steps, b, name=f"observation/{key}")
+            continue
+        if len(obs.shape) != 3 or obs.shape[-1] % k:
+            raise ValueError(
+                f"observation {key!r} of shape {obs.shape} cannot be {k} stacked frames; a stacked "
+                "observation is [H, W, C*K]."
+            )
+        h, w, kc = obs.shape
+        frame = dataclasses.replace(obs, shape=(h, w, kc // k))
+        spec[f"frames/{key}"] = frame.with_leading(steps + k - 1, b, name=f"frames/{key}")
     spec["step_type"] = ArraySpec("step_type", (steps, b), "uint8", minimum=0, maximum=2)
     spec["reward"] = ArraySpec("reward", (steps, b), "float32")
     spec["discount"] = ArraySpec("discount", (steps, b), "float32", minimum=0.0, maximum=1.0)
@@ -253,7 +272,8 @@ class LearnerStep:
         ``unroll(obs {key: [T+1, B, ...]}, first [T+1, B] bool, initial_state {name: [B,
         ...]}) -> (policy_params {name: [T+1, B, ...]}, values [T+1, B])`` and
         ``trainable_variables`` (created at construction), and optionally ``get_params()``
-        (e.g. :class:`impala_rep.networks.tf_backend.TFNetwork`).
+        (e.g. :class:`impala_rep.networks.tf_backend.TFNetwork`). With ``frames/<key>`` in
+        the batch spec, ``unroll`` also gets ``frame_stack={key: K}`` and those keys' frames.
       policy: the :class:`~impala_rep.distributions.Policy` passed to ``loss_fn``.
       batch_spec: the global batch spec (:func:`make_batch_spec`); fixes the input signature.
       loss_fn: a :data:`LossFn`; default :func:`impala_rep.losses.impala_loss` with
@@ -296,7 +316,11 @@ class LearnerStep:
         self.optimizer_config = optimizer_config
         self.jit_compile = bool(jit_compile)
         self._loss_fn = loss_fn
-        self._obs_keys = sorted(k.split("/", 1)[1] for k in batch_spec if k.startswith("observation/"))
+        self._obs_keys = sorted(k for k in batch_spec if k.startswith(("observation/", "frames/")))
+        steps = batch_spec["reward"].shape[0]
+        # Keys given as single frames: K = (T+K) - (T+1) + 1.
+        self.frame_stack = {k.split("/", 1)[1]: spec.shape[0] - steps + 1
+                            for k, spec in batch_spec.items() if k.startswith("frames/")}
         self._state_keys = sorted(k.split("/", 1)[1] for k in batch_spec if k.startswith("core_state/"))
         self._lock = threading.Lock()
 
@@ -335,8 +359,13 @@ class LearnerStep:
         loss_config: Any = None,
         optimizer_config: OptimizerConfig = OptimizerConfig(),
         jit_compile: bool = False,
+        frame_stack: Optional[Mapping[str, int]] = None,
     ) -> "LearnerStep":
-        """Builds the IMPALA learner from a ``NetworkConfig`` and the (stacked) observation specs."""
+        """Builds the IMPALA learner from a ``NetworkConfig`` and the (stacked) observation specs.
+
+        ``frame_stack`` (``{key: K}``): keys whose batches carry single frames
+        (:func:`make_batch_spec`), as ``learner.batcher`` produces them.
+        """
         from impala_rep.distributions import make_policy
         from impala_rep.networks.tf_backend import TFNetwork
 
@@ -352,7 +381,8 @@ class LearnerStep:
                 "h": ArraySpec("h", (lstm,), "float32"),
                 "c": ArraySpec("c", (lstm,), "float32"),
             }
-        batch_spec = make_batch_spec(observation_specs, policy.action_spec, unroll_length, batch_size, core_state)
+        batch_spec = make_batch_spec(observation_specs, policy.action_spec, unroll_length, batch_size, core_state,
+                                     frame_stack=frame_stack)
         return cls(
             replicator,
             make_network,
@@ -367,7 +397,7 @@ class LearnerStep:
     def _check_batch_spec(batch_spec: Mapping[str, ArraySpec], num_replicas: int) -> None:
         required = ("step_type", "reward", "discount", "action", "behaviour_log_prob")
         missing = [k for k in required if k not in batch_spec]
-        if missing or not any(k.startswith("observation/") for k in batch_spec):
+        if missing or not any(k.startswith(("observation/", "frames/")) for k in batch_spec):
             raise ValueError(
                 f"batch_spec lacks {missing or ['observation/<key>']}; build it with make_batch_spec."
             )
@@ -385,11 +415,13 @@ class LearnerStep:
         """One replica's forward and backward pass on its [T+1, B/N] shard."""
         import tensorflow as tf
 
-        obs = {key: batch[f"observation/{key}"] for key in self._obs_keys}
+        obs = {key.split("/", 1)[1]: batch[key] for key in self._obs_keys}
         first = tf.equal(tf.cast(batch["step_type"], tf.int32), STEP_FIRST)
         state = {key: batch[f"core_state/{key}"] for key in self._state_keys}
+        # Only networks that take single frames get the argument (custom ones need not).
+        stacking = {"frame_stack": self.frame_stack} if self.frame_stack else {}
         with tf.GradientTape() as tape:
-            policy_params, values = self.network.unroll(obs, first, state)
+            policy_params, values = self.network.unroll(obs, first, state, **stacking)
             loss, metrics = self._loss_fn(self.policy, policy_params, values, batch)
         grads = tape.gradient(loss, self._variables)
         metrics = dict(metrics)

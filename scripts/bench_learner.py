@@ -1,8 +1,8 @@
 """Learner throughput: frames/s of the replicated V-trace step on synthetic pixel batches.
 
 frames = T x B per learner step (T=20 transitions, B=32 unrolls by default), observations
-84x84x3 uint8 by default (``--obs-shape 84 84 9`` is what the learner sees with the launcher's
-3 stacked RGB frames, and costs about twice as much), a 2-D bounded continuous action
+84x84x3 uint8 frames by default, one per step (``--frame-stack 3`` is what the launcher's learner
+gets: single frames that its network stacks 3 deep, about twice the work), a 2-D bounded continuous action
 (``--action-dims``; Gaussian policy, as on DM Control). Each
 (network, replicas) configuration runs in its own subprocess, because logical CPU devices
 are fixed once TensorFlow initialises. Warm-up and measurement are bounded in both steps
@@ -30,13 +30,13 @@ def run_one(args) -> dict:
     from impala_rep.replicator import make_replicator
 
     import numpy as np
-    import tensorflow as tf
 
-    # Thread pools must be sized before TensorFlow initialises (make_replicator does).
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    from learner.run import configure_threads
+
+    # Thread pools must be sized before TensorFlow initialises (make_replicator does), as the
+    # launcher sizes them: CPU replicas split the threads and run side by side.
     torso, replicas = args.torso[0], args.replicas[0]
+    configure_threads(args.threads, replicas if args.kind == "cpu" else 1)
     replicator = make_replicator(args.kind, num_replicas=None if args.kind == "gpu" and replicas == 0 else replicas)
 
     from impala_rep.framestack import aligned_empty
@@ -44,16 +44,17 @@ def run_one(args) -> dict:
     from impala_rep.specs import ArraySpec
     from learner.step import LearnerStep
 
-    obs = {"pixels": ArraySpec("pixels", tuple(args.obs_shape), "uint8")}
+    h, w, c = args.obs_shape
+    obs = {"pixels": ArraySpec("pixels", (h, w, c * args.frame_stack), "uint8")}
     action = ArraySpec("action", (args.action_dims,), "float32", minimum=-1.0, maximum=1.0)
     learner = LearnerStep.from_config(
         replicator, NetworkConfig(torso=torso), obs, action, args.unroll_length, args.batch_size,
-        jit_compile=args.xla,
+        jit_compile=args.xla, frame_stack={"pixels": args.frame_stack},
     )
     rng = np.random.default_rng(0)
     batch = {}
     for key, spec in learner.batch_spec.items():
-        if key.startswith("observation/"):
+        if key.startswith(("observation/", "frames/")):
             batch[key] = rng.integers(0, 256, size=spec.shape, dtype=np.uint8)
         elif key == "step_type":
             batch[key] = np.ones(spec.shape, np.uint8)
@@ -90,6 +91,7 @@ def run_one(args) -> dict:
         "replicas": replicator.num_replicas,
         "xla": args.xla,
         "obs_shape": list(args.obs_shape),
+        "frame_stack": args.frame_stack,
         "action_dims": args.action_dims,
         "T": args.unroll_length,
         "B": args.batch_size,
@@ -112,7 +114,12 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument(
         "--obs-shape", nargs=3, type=int, default=[84, 84, 3], metavar=("H", "W", "C"),
-        help="the learner's uint8 pixel input; frames stacked K deep have C = 3K (the launcher's default K=3: 84 84 9)",
+        help="one uint8 pixel frame (the env's observation)",
+    )
+    parser.add_argument(
+        "--frame-stack", type=int, default=1, metavar="K",
+        help="the network sees K stacked frames, [H, W, C*K], and the batch carries single frames "
+             "[T+K, B, H, W, C] as the launcher's learner gets them (its default: 3)",
     )
     parser.add_argument("--action-dims", type=int, default=2, help="dimensions of the bounded continuous action")
     parser.add_argument("--xla", action="store_true", help="XLA-compile each replica's forward/backward pass")
@@ -121,12 +128,12 @@ def main(argv=None) -> int:
     parser.add_argument("--min-steps", type=int, default=3)
     parser.add_argument("--max-steps", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=15.0, help="measurement window (after min-steps)")
-    parser.add_argument("--threads", type=int, default=0, help="TF intra/inter-op threads (0: TF default)")
+    parser.add_argument("--threads", type=int, default=0, help="the learner's TensorFlow threads, split over CPU replicas as the launcher splits them (0: TF default)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-configuration subprocess limit")
     parser.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("unroll_length", "batch_size", "min_steps", "max_steps", "action_dims"):
+    for name in ("unroll_length", "batch_size", "min_steps", "max_steps", "action_dims", "frame_stack"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1.")
     if any(d < 1 for d in args.obs_shape):
@@ -146,7 +153,7 @@ def main(argv=None) -> int:
                 continue
             cmd = [sys.executable, __file__, "--child", "--torso", torso, "--replicas", str(replicas)]
             for name in ("kind", "unroll_length", "batch_size", "warmup_steps", "warmup_seconds", "min_steps",
-                         "max_steps", "seconds", "threads", "action_dims"):
+                         "max_steps", "seconds", "threads", "action_dims", "frame_stack"):
                 cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
             cmd += ["--obs-shape"] + [str(d) for d in args.obs_shape]
             if args.xla:

@@ -20,8 +20,9 @@ For each workload it measures:
    * ``learner``: learner frames/s (= agent steps trained on per second; one frame is one
      of the T x B transitions of a batch) of the replicated V-trace step on one CPU replica
      with one TensorFlow thread, through ``scripts/bench_learner.py``, on the input the
-     learner trains on: the stacked observation and the action size that the inference
-     piece reports (84x84x9 for 3 stacked RGB frames).
+     learner trains on: the frames of the observation the inference piece reports, stacked
+     as deep as it stacks them (3 RGB frames of 84x84x3, which the learner's network stacks
+     itself), and its action size.
 2. The end-to-end rate: agent steps per second *trained on by the learner* through the real
    launcher (``python -m impala_rep.launch`` with real actor processes and gRPC on
    127.0.0.1, a temporary ``--logdir``). The rate is read from the run's ``metrics.jsonl``
@@ -306,7 +307,8 @@ def _child_inference_rate(workload: Workload, seconds: float, batch: int) -> Dic
     if close is not None:
         close()
     config = NetworkConfig(torso=NETWORK)
-    obs_specs = stacked_observation_specs(env_spec.observations, frame_stack_keys(env_spec.observations, FRAME_STACK))
+    frame_stack = frame_stack_keys(env_spec.observations, FRAME_STACK)
+    obs_specs = stacked_observation_specs(env_spec.observations, frame_stack)
     network = NumpyNetwork(config, obs_specs, env_spec.action)
     policy = make_policy(env_spec.action, config)
     rng = np.random.default_rng(0)
@@ -328,6 +330,7 @@ def _child_inference_rate(workload: Workload, seconds: float, batch: int) -> Dic
             # What the learner trains on: the same stacked observations and action (the
             # learner piece is measured on these shapes).
             "observation_shapes": {key: list(spec.shape) for key, spec in obs_specs.items()},
+            "frame_stack": frame_stack,
             "action_shape": list(env_spec.action.shape)}
 
 
@@ -345,11 +348,12 @@ def _run_child(args: List[str], timeout: float) -> Dict[str, Any]:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def learner_input(inference: Mapping[str, Any]) -> Tuple[List[int], int]:
-    """The learner's pixel input shape and action size, from the inference piece's specs.
+def learner_input(inference: Mapping[str, Any]) -> Tuple[List[int], int, int]:
+    """The learner's frame shape, stack depth and action size, from the inference piece's specs.
 
     The learner trains on the stacked observations the actors' policy sees (84x84x3 frames
-    stacked 3 deep are 84x84x9, about twice the learner's work of 84x84x3).
+    stacked 3 deep are 84x84x9, about twice the learner's work of 84x84x3); its batches carry
+    the single frames and its network stacks them, as in the launcher.
     """
     shapes = inference["observation_shapes"]
     if list(shapes) != ["pixels"] or len(shapes["pixels"]) != 3:
@@ -357,13 +361,19 @@ def learner_input(inference: Mapping[str, Any]) -> Tuple[List[int], int]:
     action = inference["action_shape"]
     if len(action) != 1:
         raise ValueError(f"the learner piece measures a vector action; this workload's action has shape {action}.")
-    return list(shapes["pixels"]), int(action[0])
+    h, w, kc = shapes["pixels"]
+    k = int(inference.get("frame_stack", {}).get("pixels", 1))
+    if kc % k:
+        raise ValueError(f"the inference piece stacks 'pixels' {k} deep, but its shape {shapes['pixels']} has {kc} channels.")
+    return [h, w, kc // k], k, int(action[0])
 
 
-def measure_learner(seconds: float, timeout: float, obs_shape: Sequence[int], action_dims: int) -> Dict[str, Any]:
+def measure_learner(seconds: float, timeout: float, obs_shape: Sequence[int], frame_stack: int,
+                    action_dims: int) -> Dict[str, Any]:
     """Learner frames/s on one CPU replica and one TensorFlow thread (scripts/bench_learner.py)."""
     cmd = [sys.executable, str(SCRIPTS / "bench_learner.py"), "--torso", NETWORK, "--replicas", "1", "--kind", "cpu",
-           "--obs-shape", *[str(d) for d in obs_shape], "--action-dims", str(action_dims),
+           "--obs-shape", *[str(d) for d in obs_shape], "--frame-stack", str(frame_stack),
+           "--action-dims", str(action_dims),
            "--threads", "1", "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE),
            "--seconds", str(seconds), "--max-steps", "100000", "--warmup-seconds", str(max(2.0, seconds / 3)),
            "--timeout", str(timeout), "--json"]
@@ -380,7 +390,7 @@ def measure_learner(seconds: float, timeout: float, obs_shape: Sequence[int], ac
     if "error" in result:
         return {"error": f"scripts/bench_learner.py: {result['error']}"}
     return {"agent_steps_per_s": result["frames_per_s"], "step_ms": result["step_ms"], "steps": result["steps"],
-            "threads": 1, "obs_shape": list(obs_shape), "action_dims": action_dims,
+            "threads": 1, "obs_shape": list(obs_shape), "frame_stack": frame_stack, "action_dims": action_dims,
             "note": "frames = T x B transitions per learner step = agent steps trained on"}
 
 
@@ -674,9 +684,10 @@ def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
         if "error" in out["inference"]:
             out["learner"] = {"error": "not measured: the learner piece takes its input shapes from the inference piece, which failed."}
         else:
-            obs_shape, action_dims = learner_input(out["inference"])
-            report(f"{workload.name}: learner frames/s on one core ({'x'.join(map(str, obs_shape))} input) ...")
-            out["learner"] = measure_learner(args.piece_seconds, args.timeout, obs_shape, action_dims)
+            obs_shape, k, action_dims = learner_input(out["inference"])
+            report(f"{workload.name}: learner frames/s on one core ({'x'.join(map(str, obs_shape))} frames, "
+                   f"stacked {k} deep) ...")
+            out["learner"] = measure_learner(args.piece_seconds, args.timeout, obs_shape, k, action_dims)
         pieces = [out[k] for k in ("env", "inference", "learner")]
         if all("error" not in p for p in pieces):
             rates = [p["agent_steps_per_s"] for p in pieces]

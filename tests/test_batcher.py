@@ -106,7 +106,7 @@ def test_queue_bound_holds_under_a_thread_flood():
 # ---------------------------------------------------------------- batcher
 
 
-def test_batch_layout_is_time_major_with_stacked_frames():
+def test_batch_layout_is_time_major_with_single_frames_for_stacked_keys():
     spec = small_spec()
     rng = np.random.default_rng(0)
     unrolls = [make_unroll(spec, rng, tag=float(i)) for i in range(3)]
@@ -117,10 +117,11 @@ def test_batch_layout_is_time_major_with_stacked_frames():
     )
     t = batch.tensors
     assert set(t) == {
-        "observation/pixels", "observation/position", "step_type", "reward", "discount",
+        "frames/pixels", "observation/position", "step_type", "reward", "discount",
         "action", "behaviour_log_prob", "policy_version",
     }
-    assert t["observation/pixels"].shape == (T + 1, 3, 8, 8, 9) and t["observation/pixels"].dtype == np.uint8
+    # The stacked key travels as single frames, [T+K, B, H, W, C]: the network stacks them.
+    assert t["frames/pixels"].shape == (T + 3, 3, 8, 8, 3) and t["frames/pixels"].dtype == np.uint8
     assert t["observation/position"].shape == (T + 1, 3, 2)
     for key in ("step_type", "reward", "discount", "action", "behaviour_log_prob"):
         assert t[key].shape == (T + 1, 3) and t[key].dtype == np.dtype(spec[key].dtype)
@@ -128,16 +129,14 @@ def test_batch_layout_is_time_major_with_stacked_frames():
         np.testing.assert_array_equal(t["reward"][:, i], u["reward"])
         np.testing.assert_array_equal(t["action"][:, i], u["action"])
         np.testing.assert_array_equal(t["observation/position"][:, i], u["observation/position"])
-        # all MID steps: the stack at t is frames t-2, t-1, t (prefix first)
-        seq = np.concatenate([u["frame_prefix/pixels"], u["observation/pixels"]])
-        np.testing.assert_array_equal(
-            t["observation/pixels"][:, i], np.concatenate([seq[0:-2], seq[1:-1], seq[2:]], axis=-1)
-        )
+        # the K-1 prefix frames, then the T+1 steps' frames
+        np.testing.assert_array_equal(t["frames/pixels"][:2, i], u["frame_prefix/pixels"])
+        np.testing.assert_array_equal(t["frames/pixels"][2:, i], u["observation/pixels"])
     np.testing.assert_array_equal(t["policy_version"], [0, 1, 2])
     assert t["policy_version"].dtype == np.int64
     # Per-step arrays start on 64-byte boundaries, so the learner hands them to TensorFlow
     # without a copy (learner.step.shared_tensor).
-    for key in ("observation/pixels", "observation/position", "step_type", "reward", "action"):
+    for key in ("frames/pixels", "observation/position", "step_type", "reward", "action"):
         assert t[key].ctypes.data % 64 == 0 and t[key].flags.c_contiguous, key
     np.testing.assert_array_equal(batch.episode_returns, [1.0, 2.0, 2.0])
     np.testing.assert_array_equal(batch.episode_lengths, [5, 5, 5])
@@ -222,9 +221,11 @@ def test_frame_stacker_equals_the_rule_written_out_and_returns_fresh_arrays():
         s.push(np.zeros((4, 5, 3), np.uint8), False)
 
 
-def test_learner_stacks_equal_the_actor_stacks_across_episode_boundaries():
+def test_batched_frames_restack_to_the_actor_stacks_across_episode_boundaries():
     """Simulates an actor with FrameStacker over B envs with random episode ends, sends single
-    frames plus prefixes, and checks that the batcher's stacks equal the actor's."""
+    frames plus prefixes, and checks that the batch's frames, stacked by the rule
+    (rebuild_stack; the learner's network stacks them in its graph by the same rule, checked
+    against rebuild_stack in tests/learner), equal the actor's stacks."""
     k, b, n_unrolls = 4, 3, 6
     env = EnvSpec({"pixels": ArraySpec("pixels", (5, 5, 2), "uint8")}, ArraySpec("action", (), "int32", num_values=2))
     spec = unroll_spec(env, T, frame_stack={"pixels": k})
@@ -254,8 +255,9 @@ def test_learner_stacks_equal_the_actor_stacks_across_episode_boundaries():
             u["step_type"] = step_type[lo:lo + T + 1, e]
             unrolls.append((i, e, _valid(u)))
     batch = batch_unrolls([v for _, _, v in unrolls], spec, {"pixels": k})
-    obs = batch.tensors["observation/pixels"]
-    assert obs.shape == (T + 1, len(unrolls), 5, 5, 2 * k)
+    frames_batch = batch.tensors["frames/pixels"]
+    assert frames_batch.shape == (T + k, len(unrolls), 5, 5, 2)
+    obs = rebuild_stack(frames_batch[k - 1:], frames_batch[:k - 1], batch.tensors["step_type"])
     for j, (i, e, _) in enumerate(unrolls):
         for t in range(T + 1):
             np.testing.assert_array_equal(obs[t, j], stacked[i * T + t][e], err_msg=f"unroll {i} env {e} step {t}")
@@ -297,7 +299,7 @@ def test_replay_mixes_earlier_unrolls_into_each_batch_and_counts_only_fresh_ones
     # A replayed unroll is trained on as it was: same tensors, same behaviour log-probs.
     j = versions[2]
     np.testing.assert_array_equal(second.tensors["behaviour_log_prob"][:, 2], first.tensors["behaviour_log_prob"][:, j])
-    np.testing.assert_array_equal(second.tensors["observation/pixels"][:, 2], first.tensors["observation/pixels"][:, j])
+    np.testing.assert_array_equal(second.tensors["frames/pixels"][:, 2], first.tensors["frames/pixels"][:, j])
     third = batcher.next_batch(timeout=1)
     assert len(batcher.replay) == 5  # bounded: the oldest (version 0) was dropped
     assert 0 not in [u.policy_version for u in batcher.replay._items]

@@ -253,6 +253,20 @@ def test_launcher_sizes_learner_threads_from_the_probed_costs():
     assert threads == 6 and "could not time the policy" in why
 
 
+def test_cpu_learner_gets_one_replica_per_thread_that_divides_the_batch():
+    import dataclasses
+
+    from impala_rep.launch import cpu_replicas
+
+    cfg = RunConfig(env="catch", batch_size=32)
+    assert cpu_replicas(cfg, 2)[0] == 2 and "divides the batch of 32" in cpu_replicas(cfg, 2)[1]
+    assert cpu_replicas(cfg, 1)[0] == 1
+    assert cpu_replicas(dataclasses.replace(cfg, batch_size=9), 2)[0] == 1  # 9 unrolls do not split in two
+    assert cpu_replicas(dataclasses.replace(cfg, batch_size=9), 4)[0] == 3
+    assert cpu_replicas(dataclasses.replace(cfg, replicas=4), 2) == (4, "--replicas")
+    assert cpu_replicas(dataclasses.replace(cfg, learner="gpu"), 2) == (None, "not a CPU learner")
+
+
 def test_actor_process_commands_split_ids_seeds_and_options():
     from actors.run import build_parser as actor_parser
     from actors.supervisor import actor_process_commands

@@ -200,12 +200,17 @@ def test_synthetic_env_loads_by_module_id_as_actor_processes_load_it(monkeypatch
 def test_learner_piece_measures_the_stacked_input_the_learner_trains_on():
     # The learner trains on K=3 stacked RGB frames (84x84x9), about twice the work of one
     # 84x84x3 frame; the first two sessions' ceilings were measured on 84x84x3 by mistake.
+    # Its batches carry the single frames, which its network stacks; the piece does the same.
     result = bench._run_child(
         ["--child", "inference", "--batch", "2", "--workloads", "synthetic", "--piece-seconds", "0.2"], 120
     )
     assert "error" not in result, result
     assert result["observation_shapes"] == {"pixels": [84, 84, 3 * bench.FRAME_STACK]}
-    assert bench.learner_input(result) == ([84, 84, 3 * bench.FRAME_STACK], 1)
+    assert result["frame_stack"] == {"pixels": bench.FRAME_STACK}
+    assert bench.learner_input(result) == ([84, 84, 3], bench.FRAME_STACK, 1)
+    with pytest.raises(ValueError, match="stacks 'pixels' 2 deep"):
+        bench.learner_input({"observation_shapes": {"pixels": [84, 84, 9]}, "frame_stack": {"pixels": 2},
+                             "action_shape": [1]})
     with pytest.raises(ValueError, match="one \\[H, W, C\\] 'pixels' observation"):
         bench.learner_input({"observation_shapes": {"pixels": [84, 84, 9], "position": [2]}, "action_shape": [1]})
     with pytest.raises(ValueError, match="vector action"):

@@ -13,7 +13,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # test-process setting, as the entry 
 
 import envs  # noqa: E402
 from actors.client import LearnerClient  # noqa: E402
-from impala_rep.framestack import FrameStacker  # noqa: E402
+from impala_rep.framestack import FrameStacker, rebuild_stack  # noqa: E402
 from impala_rep.specs import STEP_FIRST, STEP_LAST, STEP_MID, env_spec_from_dm_env, unroll_spec  # noqa: E402
 from learner.batcher import Batcher  # noqa: E402
 from learner.params import ParameterStore  # noqa: E402
@@ -68,8 +68,11 @@ def test_rendered_dmc_env_streams_through_the_client_in_one_process():
         client.close()
     finally:
         server.stop(0)
-    obs = batch.tensors["observation/pixels"]
-    assert obs.shape == (t_len + 1, n_unrolls, 84, 84, 3 * k)
+    # The batch carries single frames; stacked by the rule (as the learner's network stacks
+    # them in its graph), they are what the actor's policy saw.
+    frames = batch.tensors["frames/pixels"]
+    assert frames.shape == (t_len + k, n_unrolls, 84, 84, 3)
+    obs = rebuild_stack(frames[k - 1:], frames[:k - 1], batch.tensors["step_type"])
     assert obs.std() > 0  # real rendered frames, not blanks
     for i in range(n_unrolls):
         for t in range(t_len + 1):

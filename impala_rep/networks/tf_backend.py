@@ -13,7 +13,7 @@ Shape letters: ``T`` transitions per unroll (``T+1`` steps), ``B`` batch.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -28,7 +28,7 @@ from impala_rep.networks.config import (
     plan_network,
 )
 
-__all__ = ["TFNetwork"]
+__all__ = ["TFNetwork", "stack_sources"]
 
 _layers = tf_keras.layers
 
@@ -155,11 +155,20 @@ class TFNetwork(tf.Module):
         return {"h": tf.zeros([batch, n], tf.float32), "c": tf.zeros([batch, n], tf.float32)}
 
     # -- forward --
-    def _torso(self, t, x: tf.Tensor) -> tf.Tensor:
-        """x: [N, *input_shape] -> [N, output_size]."""
+    def _scaled(self, t, x: tf.Tensor) -> tf.Tensor:
         x = tf.cast(x, tf.float32)
-        if t.scale is not None:
-            x = x * t.scale
+        return x * t.scale if t.scale is not None else x
+
+    def _first_conv(self, t):
+        body = self._torso_layers[t.key][0]
+        return body[0] if t.kind == "shallow" else body[0][0]
+
+    def _torso(self, t, x: tf.Tensor, first_conv=None) -> tf.Tensor:
+        """x: [N, *input_shape] scaled (:meth:`_scaled`) -> [N, output_size].
+
+        ``first_conv`` (CNN torsos): a callable that replaces the first convolution (bias
+        included, before its ReLU); it is called with ``x``.
+        """
         layers = self._torso_layers[t.key]
         if t.kind == "mlp":
             h = tf.reshape(x, [-1, int(math.prod(t.input_shape))])
@@ -169,12 +178,12 @@ class TFNetwork(tf.Module):
         body, dense = layers
         if t.kind == "shallow":
             h = x
-            for conv in body:
-                h = tf.nn.relu(conv(h))
+            for i, conv in enumerate(body):
+                h = tf.nn.relu(first_conv(h) if i == 0 and first_conv is not None else conv(h))
         else:
             h = x
-            for conv, blocks in body:
-                h = conv(h)
+            for i, (conv, blocks) in enumerate(body):
+                h = first_conv(h) if i == 0 and first_conv is not None else conv(h)
                 h = tf.nn.max_pool2d(h, ksize=3, strides=2, padding="SAME")
                 for conv_0, conv_1 in blocks:
                     y = conv_0(tf.nn.relu(h))
@@ -184,15 +193,77 @@ class TFNetwork(tf.Module):
         h = tf.reshape(h, [-1, int(math.prod(h.shape[1:]))])
         return tf.nn.relu(dense(h))
 
+    def _stacked_feats(self, t, frames: tf.Tensor, first: tf.Tensor, k: int):
+        """Torso features [(T+1)*B, F] and lead shape [T+1, B] from frames [T+K, B, H, W, C]."""
+        h, w, kc = t.input_shape
+        if kc % k:
+            raise ValueError(f"obs[{t.key!r}] is stacked {k} deep, but the network's input has {kc} channels.")
+        frame_shape = (h, w, kc // k)
+        if frames.shape.rank != 5 or not frames.shape[2:].is_compatible_with(frame_shape):
+            raise ValueError(
+                f"obs[{t.key!r}] must hold single frames [T+{k}, B, {', '.join(map(str, frame_shape))}] "
+                f"(frame_stack={k}), got {frames.shape.as_list() if frames.shape.rank is not None else 'unknown rank'}."
+            )
+        if first.shape.rank != 2:
+            raise ValueError(f"first must have shape [T+1, B], got {first.shape.as_list()}.")
+        b = tf.shape(frames)[1]
+        src = stack_sources(first, k)  # [T+1, B, K] time indices into frames
+        rows = tf.reshape(src * b + tf.range(b)[None, :, None], [-1, k])
+        folded = tf.reshape(frames, [-1, *frame_shape])  # [(T+K)*B, H, W, C]
+        return self._stacked_torso(t, folded, rows, k), tf.shape(first)
+
+    def _stacked_torso(self, t, frames: tf.Tensor, rows: tf.Tensor, k: int) -> tf.Tensor:
+        """The torso on frame stacks that are never built.
+
+        frames: [N, H, W, C] single frames; rows: [M, K] int, the frames (rows of
+        ``frames``) that make up each of M stacked observations, oldest first. Returns
+        [M, output_size], what :meth:`_torso` gives on the stacked [M, H, W, C*K] input.
+
+        A convolution is linear in its input channels, so the first convolution of a stack
+        is the sum over the K slots of the frame's convolution with that slot's slice of the
+        kernel. Each frame is convolved once (with all K slices at once) and the K partial
+        results are gathered and added; the [M, H, W, C*K] stack (42 MB for a batch of 32
+        unrolls of 21 84x84x3 frames, K=3) is never materialised. Same arithmetic as the
+        stacked convolution, summed in a different order. MLP torsos gather the stack.
+        """
+        x = self._scaled(t, frames)
+        if t.kind == "mlp":
+            return self._torso(t, tf.concat([tf.gather(x, rows[:, j]) for j in range(k)], axis=-1))
+        conv = self._first_conv(t)
+        kh, kw, kc, filters = conv.kernel.shape
+        c = kc // k
+        # [kh, kw, K*C, F] (slot-major input channels) -> [kh, kw, C, K*F] (slot-major outputs)
+        kernel = tf.reshape(tf.transpose(tf.reshape(conv.kernel, [kh, kw, k, c, filters]), [0, 1, 3, 2, 4]),
+                            [kh, kw, c, k * filters])
+        strides = list(conv.strides)
+        padding = conv.padding.upper()
+
+        def first_conv(_):
+            y = tf.nn.conv2d(x, kernel, strides=strides, padding=padding)  # [N, h, w, K*F]
+            slots = tf.split(y, k, axis=-1)
+            return tf.add_n([tf.gather(slots[j], rows[:, j]) for j in range(k)]) + conv.bias
+
+        return self._torso(t, x, first_conv)
+
     def unroll(
-        self, obs: Mapping[str, Any], first: Any, initial_state: Mapping[str, Any]
+        self,
+        obs: Mapping[str, Any],
+        first: Any,
+        initial_state: Mapping[str, Any],
+        frame_stack: Optional[Mapping[str, int]] = None,
     ) -> Tuple[Dict[str, tf.Tensor], tf.Tensor]:
         """Runs the network over a batch of unrolls.
 
         Args:
-          obs: ``{key: [T+1, B, *obs_shape]}`` (uint8 pixels are converted here).
+          obs: ``{key: [T+1, B, *obs_shape]}`` (uint8 pixels are converted here); for a key
+            in ``frame_stack``, the single frames ``[T+K, B, H, W, C]`` instead: the K-1
+            frames before step 0 (the unroll's frame prefix), then the T+1 steps' newest
+            frames. The network stacks them by :mod:`impala_rep.framestack`'s rule (the
+            frames of the current episode, the first repeated at its start), which needs
+            ``first``, and the stack itself is never built (:meth:`_stacked_torso`).
           first: [T+1, B] bool, true where a step starts an episode (resets the LSTM).
           initial_state: ``{name: [B, ...]}`` core state before step 0 (``{}`` without LSTM).
+          frame_stack: ``{key: K}`` for keys given as single frames (K > 1).
 
         Returns:
           ``(policy_params {name: [T+1, B, *param_shape]}, values [T+1, B])``.
@@ -200,10 +271,19 @@ class TFNetwork(tf.Module):
         missing = [t.key for t in self.plan.torsos if t.key not in obs]
         if missing:
             raise ValueError(f"obs lacks keys {missing}; the network needs {[t.key for t in self.plan.torsos]}.")
+        frame_stack = {key: int(k) for key, k in (frame_stack or {}).items() if int(k) > 1}
+        unknown = sorted(set(frame_stack) - {t.key for t in self.plan.torsos})
+        if unknown:
+            raise ValueError(f"frame_stack names {unknown}, which the network has no torso for.")
+        first = tf.cast(tf.convert_to_tensor(first), tf.bool)
         feats = []
         lead = None
         for t in self.plan.torsos:
             x = tf.convert_to_tensor(obs[t.key])
+            if t.key in frame_stack:
+                feat, lead = self._stacked_feats(t, x, first, frame_stack[t.key])
+                feats.append(feat)
+                continue
             expected_rank = 2 + len(t.input_shape)
             if x.shape.rank != expected_rank or not x.shape[2:].is_compatible_with(t.input_shape):
                 raise ValueError(
@@ -213,7 +293,7 @@ class TFNetwork(tf.Module):
             if lead is None:
                 lead = tf.shape(x)[:2]
             folded = tf.reshape(x, tf.concat([[-1], t.input_shape], axis=0))  # [(T+1)*B, ...]
-            feats.append(self._torso(t, folded))
+            feats.append(self._torso(t, self._scaled(t, folded)))
         h = feats[0] if len(feats) == 1 else tf.concat(feats, axis=-1)
         n_feat = h.shape[-1]
         h = tf.reshape(h, tf.concat([lead, [n_feat]], axis=0))  # [T+1, B, F]
@@ -221,7 +301,6 @@ class TFNetwork(tf.Module):
             for key in ("h", "c"):
                 if key not in initial_state:
                     raise ValueError(f"initial_state lacks {key!r}; an LSTM network needs 'h' and 'c', each [B, {self.plan.lstm_size}].")
-            first = tf.cast(tf.convert_to_tensor(first), tf.bool)
             if first.shape.rank != 2:
                 raise ValueError(f"first must have shape [T+1, B], got {first.shape.as_list()}.")
             h0 = tf.cast(initial_state["h"], tf.float32)
@@ -246,3 +325,22 @@ class TFNetwork(tf.Module):
         policy_params = self.policy.params_from_head_tf(raw)
         values = tf.reshape(self._value_head(flat), lead)
         return policy_params, values
+
+
+def stack_sources(first: Any, k: int) -> tf.Tensor:
+    """Where each slot of each frame stack comes from: [T+1, B, K] int32.
+
+    ``first`` [T+1, B] bool marks episode starts. For step t and slot j (oldest first), the
+    result indexes the time axis of the unroll's [T+K] single frames (K-1 prefix frames,
+    then the T+1 steps): frame ``t + j``, or the episode's first frame where that lies
+    before the episode's start, i.e. ``max(t + j, s + K - 1)`` with s the latest start at
+    or before t. The same rule as :class:`impala_rep.framestack.FrameStacker` and
+    :func:`~impala_rep.framestack.rebuild_stack`.
+    """
+    first = tf.cast(first, tf.bool)
+    steps = tf.shape(first)[0]
+    t = tf.range(steps)
+    starts = tf.where(first, t[:, None], -k)  # [T+1, B]
+    earlier = t[None, :] <= t[:, None]  # [T+1 (t), T+1 (t')]: t' <= t
+    latest = tf.reduce_max(tf.where(earlier[:, :, None], starts[None], -k), axis=1)  # [T+1, B]
+    return tf.maximum(t[:, None, None] + tf.range(k), latest[:, :, None] + k - 1)

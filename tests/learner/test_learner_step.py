@@ -257,6 +257,58 @@ def test_impala_network_replicas_match_one_replica(torso, lstm):
     assert any(not np.allclose(base[n], initial[n]) for n in base)
 
 
+def test_learner_on_single_frames_trains_like_the_learner_on_stacks():
+    """The launcher's learner gets single frames ``frames/pixels`` [T+K, B, ...] and stacks
+    them in its graph. With 1 and 2 replicas (the frames split along B) and with XLA, two
+    steps give the parameters of the learner fed the stacks rebuild_stack builds."""
+    from impala_rep.framestack import rebuild_stack
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.specs import ArraySpec
+
+    k, t, b = 3, 3, 4
+    obs = {"pixels": ArraySpec("pixels", (36, 36, 3 * k), "uint8")}
+    action = ArraySpec("action", (1,), "float32", minimum=-1.0, maximum=1.0)
+    config = NetworkConfig(torso="shallow", hidden_size=16)
+    rng = np.random.default_rng(4)
+    batches = []
+    for _ in range(2):
+        frames = rng.integers(0, 256, size=(t + k, b, 36, 36, 3), dtype=np.uint8)
+        step_type = rng.choice(np.array([0, 1, 2], np.uint8), size=(t + 1, b), p=[0.3, 0.5, 0.2])
+        batches.append({
+            "frames/pixels": frames, "step_type": step_type,
+            "reward": rng.normal(size=(t + 1, b)).astype(np.float32),
+            "discount": np.ones((t + 1, b), np.float32),
+            "action": rng.uniform(-1, 1, size=(t + 1, b, 1)).astype(np.float32),
+            "behaviour_log_prob": np.full((t + 1, b), -1.0, np.float32),
+        })
+    reference = LearnerStep.from_config(make_replicator("cpu", num_replicas=1), config, obs, action, t, b)
+    assert "observation/pixels" in reference.batch_spec and not reference.frame_stack
+    initial = reference.get_params()[1]
+    for batch in batches:
+        stacked = dict(batch, **{"observation/pixels": rebuild_stack(batch["frames/pixels"][k - 1:],
+                                                                     batch["frames/pixels"][:k - 1], batch["step_type"])})
+        reference.train(stacked)
+    want = reference.get_params()[1]
+    for n, jit in ((1, False), (2, False), (1, True)):
+        learner = LearnerStep.from_config(make_replicator("cpu", num_replicas=n), config, obs, action, t, b,
+                                          jit_compile=jit, frame_stack={"pixels": k})
+        assert learner.batch_spec["frames/pixels"].shape == (t + k, b, 36, 36, 3)
+        assert "observation/pixels" not in learner.batch_spec and learner.frame_stack == {"pixels": k}
+        learner.set_params(initial)
+        for batch in batches:
+            learner.train(batch)
+        got = learner.get_params()[1]
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=f"{n} replicas, xla={jit}: {name}")
+    assert any(not np.allclose(want[name], initial[name]) for name in want)
+    with pytest.raises(ValueError, match=r"batch\['frames/pixels'\] has shape"):
+        learner.train(dict(batches[0], **{"frames/pixels": batches[0]["frames/pixels"][1:]}))
+    with pytest.raises(ValueError, match="cannot be 2 stacked frames"):
+        make_batch_spec(obs, action, t, b, frame_stack={"pixels": 2})
+    with pytest.raises(ValueError, match=r"frame_stack names \['rgb'\]"):
+        make_batch_spec(obs, action, t, b, frame_stack={"rgb": 3})
+
+
 # -- two learner processes -------------------------------------------------------------------
 
 

@@ -321,3 +321,78 @@ def test_initial_state_travels_with_the_unroll():
     assert np.all(np.abs(zero - other) > 1e-7)
     with pytest.raises(ValueError, match="initial_state lacks 'h'"):
         net.unroll(obs, first, {})
+
+
+# -- frame stacks built in the graph ------------------------------------------------------
+
+
+def test_stack_sources_follow_the_frame_stacking_rule():
+    """Gathering single frames by stack_sources gives exactly rebuild_stack's stacks (the
+    actor's FrameStacker rule), for random episode starts, K = 1..4 and a batch axis."""
+    from impala_rep.framestack import rebuild_stack
+    from impala_rep.networks.tf_backend import stack_sources
+
+    rng = np.random.default_rng(20)
+    for _ in range(40):
+        steps, b, k = int(rng.integers(1, 9)), int(rng.integers(1, 5)), int(rng.integers(1, 5))
+        frames = rng.integers(0, 256, (steps + k - 1, b, 2, 3, 2)).astype(np.uint8)
+        step_type = rng.choice(np.array([0, 1, 2], np.uint8), size=(steps, b), p=[0.3, 0.5, 0.2])
+        src = stack_sources(step_type == 0, k).numpy()
+        assert src.shape == (steps, b, k) and src.min() >= 0 and src.max() <= steps + k - 2
+        gathered = np.concatenate([frames[src[:, :, j], np.arange(b)[None, :]] for j in range(k)], axis=-1)
+        np.testing.assert_array_equal(gathered, rebuild_stack(frames[k - 1:], frames[:k - 1], step_type))
+
+
+@pytest.mark.parametrize("torso, lstm", [("shallow", None), ("deep", 8), ("mlp", None)])
+def test_network_on_single_frames_equals_the_network_on_their_stacks(torso, lstm):
+    """The learner's network stacks frames in its graph (the first convolution per frame):
+    outputs and gradients equal those of the same network on the stacks rebuild_stack builds."""
+    from impala_rep.framestack import rebuild_stack
+
+    k, T1, B = 3, 5, 4
+    obs_specs = {"pixels": ArraySpec("pixels", (36, 40, 3 * k), "uint8"), "position": VECTOR}
+    net = TFNetwork(small_config(torso=torso, lstm=lstm, kind="gaussian"), obs_specs, ACTIONS["gaussian"])
+    rng = np.random.default_rng(21)
+    frames = rng.integers(0, 256, (T1 + k - 1, B, 36, 40, 3)).astype(np.uint8)
+    step_type = np.ones((T1, B), np.uint8)
+    step_type[0, 1] = step_type[2, 2] = step_type[3, 2] = step_type[4, 3] = 0  # episode starts
+    first = step_type == 0
+    position = rng.normal(size=(T1, B, 5)).astype(np.float32)
+    stacked = {"pixels": rebuild_stack(frames[k - 1:], frames[:k - 1], step_type), "position": position}
+    state = net.initial_state(B)
+
+    def run(obs, **kwargs):
+        with tf.GradientTape() as tape:
+            params, values = net.unroll(obs, first, state, **kwargs)
+            loss = tf.reduce_sum(values ** 2) + tf.reduce_sum(params["mean"] ** 2)
+        return params, values, tape.gradient(loss, net.trainable_variables)
+
+    want_params, want_values, want_grads = run(stacked)
+    got_params, got_values, got_grads = run({"pixels": frames, "position": position}, frame_stack={"pixels": k})
+    np.testing.assert_allclose(got_values.numpy(), want_values.numpy(), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got_params["mean"].numpy(), want_params["mean"].numpy(), atol=1e-5, rtol=1e-5)
+    assert np.abs(want_values.numpy()).max() > 1e-3
+    compared = 0
+    for name, got, want in zip(net.named_variables, got_grads, want_grads):
+        assert (got is None) == (want is None), name  # e.g. the log-std head takes no part in this loss
+        if want is not None:
+            np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5, rtol=1e-4, err_msg=name)
+            compared += 1
+    assert compared >= len(net.named_variables) - 2
+    # A changed frame in an older slot changes the output: the frames really are stacked.
+    frames[k - 2, 0] = 255 - frames[k - 2, 0]  # step 0's middle slot of unroll 0 (no episode start)
+    changed = net.unroll({"pixels": frames, "position": position}, first, state, frame_stack={"pixels": k})[1]
+    assert abs(float(changed[0, 0]) - float(want_values[0, 0])) > 1e-6
+    np.testing.assert_allclose(changed.numpy()[:, 1:], want_values.numpy()[:, 1:], atol=1e-5, rtol=1e-5)
+
+
+def test_single_frames_of_the_wrong_shape_get_a_sentence():
+    obs_specs = {"pixels": ArraySpec("pixels", (36, 40, 9), "uint8")}
+    net = TFNetwork(small_config(torso="shallow"), obs_specs, ACTIONS["categorical"])
+    first = np.zeros((3, 2), bool)
+    with pytest.raises(ValueError, match=r"obs\['pixels'\] must hold single frames \[T\+3, B, 36, 40, 3\]"):
+        net.unroll({"pixels": np.zeros((5, 2, 36, 40, 9), np.uint8)}, first, {}, frame_stack={"pixels": 3})
+    with pytest.raises(ValueError, match=r"stacked 2 deep, but the network's input has 9 channels"):
+        net.unroll({"pixels": np.zeros((4, 2, 36, 40, 4), np.uint8)}, first, {}, frame_stack={"pixels": 2})
+    with pytest.raises(ValueError, match=r"frame_stack names \['rgb'\]"):
+        net.unroll({"pixels": np.zeros((5, 2, 36, 40, 3), np.uint8)}, first, {}, frame_stack={"rgb": 3})

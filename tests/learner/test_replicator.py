@@ -263,3 +263,23 @@ def test_too_many_logical_cpus_after_initialisation_names_the_fix():
     assert "already initialised 3 logical CPU device(s)" in message
     assert "before TensorFlow initialises" in message and "restart the process" in message
     assert lines[2] == "fewer ok 2"
+
+
+THREADS_SUBPROCESS = """
+import tensorflow as tf
+from learner.run import configure_threads
+configure_threads({threads}, {replicas})
+print("threads", tf.config.threading.get_intra_op_parallelism_threads(),
+      tf.config.threading.get_inter_op_parallelism_threads())
+"""
+
+
+@pytest.mark.parametrize("threads, replicas, intra, inter", [(2, 2, 1, 2), (2, 1, 2, 2), (1, 1, 1, 1), (4, 2, 2, 2)])
+def test_cpu_replicas_split_the_learner_threads(threads, replicas, intra, inter):
+    """Each CPU replica's ops get threads / replicas threads, and the replicas run side by side
+    (inter-op threads): 2 one-thread replicas ran the shallow step 1.94x faster than 1 replica
+    on 1 thread, 1 replica on 2 threads only 1.30-1.47x (docs/BENCHMARKS.md)."""
+    code = THREADS_SUBPROCESS.format(threads=threads, replicas=replicas)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [l for l in proc.stdout.splitlines() if l.startswith("threads ")] == [f"threads {intra} {inter}"]
