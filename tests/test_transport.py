@@ -180,6 +180,10 @@ def test_clients_reconnect_on_their_own_after_a_server_restart():
     wait_for(lambda: server.metrics.unrolls_accepted == 5, 10, "the first unrolls")
     drain.stop()
     server.stop(0)
+    # Unrolls the sender hands to the open stream before gRPC reports it broken are in flight
+    # and lost with the learner; how many depends on the machine's load. Count from the
+    # moment the client has noticed (its first reconnect attempt).
+    wait_for(lambda: client.reconnects >= 1, 10, "the client to notice that the learner is gone")
     # the learner is away: the caller keeps producing; send() blocks at most while the outbox is full
     sent_while_down = 0
     t_end = time.monotonic() + 1.0
