@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     parser.add_argument("--env", default=None, help="evaluate on another env id (its specs must match)")
     parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="override an env argument")
     parser.add_argument("--video", default=None, metavar="FILE.mp4", help="record the episodes' pixel observations")
-    parser.add_argument("--report", default=None, help="JSON report path (default RUN_DIR/eval/eval-STEP.json)")
+    parser.add_argument("--report", default=None, help="JSON report path (default RUN_DIR/eval/eval-STEP.json, or eval-STEP-N.json where that exists)")
     args = parser.parse_args(argv)
     import envs
     from impala_rep.export import PolicyLoadError
@@ -160,6 +160,10 @@ def main(argv=None) -> int:
         policy_dir = os.path.dirname(report["policy"]) if os.path.isfile(report["policy"]) else report["policy"]
         base = os.path.dirname(policy_dir) if os.path.basename(policy_dir) == "policy" else policy_dir
         out = os.path.join(base, "eval", f"eval-{report['learner_step']}.json")
+        n = 0
+        while os.path.exists(out):  # keep earlier reports (the run's own evaluation included)
+            n += 1
+            out = os.path.join(base, "eval", f"eval-{report['learner_step']}-{n}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(report, f, indent=2)

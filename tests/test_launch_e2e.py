@@ -52,6 +52,11 @@ def test_catch_is_learned_then_evaluated_then_resumed(tmp_path):
     report = json.loads(open(os.path.join(logdir, "eval", "eval-800.json")).read())
     assert report["episodes"] == 20 and report["mean_return"] >= 0.6, report
     assert "mean return" in ev.stdout and "episode 20/20" in ev.stdout
+    # Evaluating again keeps the earlier report (e.g. the run's own evaluation at that step).
+    again = evaluate(logdir, "--episodes", "2", "--greedy", "--seed", "2")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(open(os.path.join(logdir, "eval", "eval-800.json")).read())["episodes"] == 20
+    assert json.loads(open(os.path.join(logdir, "eval", "eval-800-1.json")).read())["episodes"] == 2
     mismatch = evaluate(logdir, "--env-arg", "rows=12")
     assert mismatch.returncode == 2 and "other specs than this env" in mismatch.stderr, mismatch.stderr
     ev2 = evaluate(os.path.join(logdir, "policy"), "--episodes", "3", "--report", str(tmp_path / "r.json"))
