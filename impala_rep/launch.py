@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     if config.learner == "cpu":
         log.info("learner replicas: %d (%s)", replicas, replicas_why)
         config = dataclasses.replace(config, replicas=replicas)
-    configure_threads(threads, replicas if config.learner == "cpu" else 1)
+    configure_threads(threads, config.replicas if config.learner == "cpu" else 1)
     from actors.supervisor import ActorSupervisor, actor_process_commands
     from learner.run import start_trainer
 

@@ -368,8 +368,7 @@ def configure_threads(learner_threads: Optional[int], cpu_replicas: int = 1) -> 
     if learner_threads:
         replicas = max(1, int(cpu_replicas))
         tf.config.threading.set_intra_op_parallelism_threads(max(1, learner_threads // replicas))
-        inter = replicas if replicas > 1 else min(2, learner_threads)
-        tf.config.threading.set_inter_op_parallelism_threads(max(1, inter))
+        tf.config.threading.set_inter_op_parallelism_threads(replicas if replicas > 1 else min(2, learner_threads))
 
 
 def configure_logging() -> None:

@@ -204,8 +204,6 @@ class TFNetwork(tf.Module):
                 f"obs[{t.key!r}] must hold single frames [T+{k}, B, {', '.join(map(str, frame_shape))}] "
                 f"(frame_stack={k}), got {frames.shape.as_list() if frames.shape.rank is not None else 'unknown rank'}."
             )
-        if first.shape.rank != 2:
-            raise ValueError(f"first must have shape [T+1, B], got {first.shape.as_list()}.")
         b = tf.shape(frames)[1]
         src = stack_sources(first, k)  # [T+1, B, K] time indices into frames
         rows = tf.reshape(src * b + tf.range(b)[None, :, None], [-1, k])
@@ -276,6 +274,8 @@ class TFNetwork(tf.Module):
         if unknown:
             raise ValueError(f"frame_stack names {unknown}, which the network has no torso for.")
         first = tf.cast(tf.convert_to_tensor(first), tf.bool)
+        if (self._lstm is not None or frame_stack) and first.shape.rank != 2:  # both read it per step
+            raise ValueError(f"first must have shape [T+1, B], got {first.shape.as_list()}.")
         feats = []
         lead = None
         for t in self.plan.torsos:
@@ -301,8 +301,6 @@ class TFNetwork(tf.Module):
             for key in ("h", "c"):
                 if key not in initial_state:
                     raise ValueError(f"initial_state lacks {key!r}; an LSTM network needs 'h' and 'c', each [B, {self.plan.lstm_size}].")
-            if first.shape.rank != 2:
-                raise ValueError(f"first must have shape [T+1, B], got {first.shape.as_list()}.")
             h0 = tf.cast(initial_state["h"], tf.float32)
             c0 = tf.cast(initial_state["c"], tf.float32)
             cell = self._lstm

@@ -396,3 +396,8 @@ def test_single_frames_of_the_wrong_shape_get_a_sentence():
         net.unroll({"pixels": np.zeros((4, 2, 36, 40, 4), np.uint8)}, first, {}, frame_stack={"pixels": 2})
     with pytest.raises(ValueError, match=r"frame_stack names \['rgb'\]"):
         net.unroll({"pixels": np.zeros((5, 2, 36, 40, 3), np.uint8)}, first, {}, frame_stack={"rgb": 3})
+    with pytest.raises(ValueError, match=r"first must have shape \[T\+1, B\], got \[3\]"):
+        net.unroll({"pixels": np.zeros((5, 2, 36, 40, 3), np.uint8)}, first[:, 0], {}, frame_stack={"pixels": 3})
+    lstm_net = TFNetwork(small_config(torso="shallow", lstm=4), obs_specs, ACTIONS["categorical"])
+    with pytest.raises(ValueError, match=r"first must have shape \[T\+1, B\], got \[3\]"):
+        lstm_net.unroll({"pixels": np.zeros((3, 2, 36, 40, 9), np.uint8)}, first[:, 0], lstm_net.initial_state(2))
