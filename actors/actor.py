@@ -24,7 +24,6 @@ import dm_env
 import numpy as np
 
 from impala_rep.costs import random_actions
-from impala_rep.framestack import FrameStacker
 
 __all__ = ["Actor", "UnrollBatch", "ActorStats"]
 
@@ -60,7 +59,8 @@ class Actor:
 
     Args:
       envs: dm_env environments with flat-dict observations (``envs.make`` guarantees it).
-      network: a ``NumpyNetwork`` (``step(obs, state, first) -> (policy_params, value, state)``).
+      network: a ``NumpyNetwork`` (``frame_stacks(frame_stack, batch)`` and
+        ``step_frames(obs, state, first, stacks) -> (policy_params, value, state)``).
       policy: the ``Policy`` from ``impala_rep.distributions.make_policy``.
       unroll_length: T; each unroll holds T+1 steps.
       frame_stack: observation key -> K for keys the agent stacks (single frames travel).
@@ -105,7 +105,7 @@ class Actor:
         self.policy_version = int(policy_version)
         self.stats = ActorStats()
         n = len(self._envs)
-        self._stackers = {k: FrameStacker(v, batch_size=n) for k, v in self._frame_stack.items()}
+        self._stacks = network.frame_stacks(self._frame_stack, n)
         self._state = network.initial_state(n)
         self._timesteps: List[dm_env.TimeStep] = [env.reset() for env in self._envs]
         self._episode_return = np.zeros(n, np.float64)
@@ -133,20 +133,21 @@ class Actor:
 
     # -- one step ---------------------------------------------------------------------
 
-    def _observe(self) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], np.ndarray]:
-        """Batches the current timesteps: (single-frame obs, network obs, first flags)."""
+    def _observe(self) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
+        """Batches the current timesteps: (single-frame obs, first flags).
+
+        At a step that opens an unroll, records the frame prefix: the K-1 frames before it.
+        """
         first = np.array([ts.step_type == dm_env.StepType.FIRST for ts in self._timesteps])
         keys = self._timesteps[0].observation.keys()
         raw = {k: np.stack([np.asarray(ts.observation[k]) for ts in self._timesteps]) for k in keys}
         # This step opens an unroll when nothing is buffered (the very first unroll) or when
         # it will be the last step of the current one (consecutive unrolls share it).
         opening = self._opening_slot()
-        net_obs = dict(raw)
-        for key, stacker in self._stackers.items():
-            if opening is not None:
-                opening[0][key] = self._history(stacker, raw[key])
-            net_obs[key] = stacker.push(raw[key], first)
-        return raw, net_obs, first
+        if opening is not None:
+            for key in self._frame_stack:
+                opening[0][key] = self._stacks.prefix(key, raw[key])
+        return raw, first
 
     def _opening_slot(self) -> Optional[Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]]:
         """(prefix, core state) dicts to fill for a step that opens an unroll, else None."""
@@ -156,21 +157,15 @@ class Actor:
             return self._next_prefix, self._next_core_state
         return None
 
-    def _history(self, stacker: FrameStacker, frames: np.ndarray) -> np.ndarray:
-        """Frames preceding the current step, time-major [K-1, E, H, W, C]."""
-        try:
-            hist = stacker.history()  # [E, K-1, H, W, C]
-        except ValueError:  # nothing pushed yet: every env is at FIRST, prefix unused
-            hist = np.repeat(frames[:, None], stacker.k - 1, axis=1)
-        return np.moveaxis(hist, 1, 0)
-
     def step(self) -> None:
         """Acts once in every env; emits unrolls when T+1 steps are collected."""
         opening = self._opening_slot()
-        raw, net_obs, first = self._observe()
+        raw, first = self._observe()
         if opening is not None:
             opening[1].update({k: np.array(v, copy=True) for k, v in self._state.items()})
-        policy_params, _, self._state = self._network.step(net_obs, self._state, first)
+        # The network stacks the frames itself (NumpyNetwork.step_frames); the raw batches
+        # are shared with its FrameStacks and the unroll record, and never modified.
+        policy_params, _, self._state = self._network.step_frames(raw, self._state, first, self._stacks)
         action, log_prob = self._policy.sample_np(policy_params, self._rng)
         record = {f"observation/{k}": v for k, v in raw.items()}
         record["step_type"] = np.array([int(ts.step_type) for ts in self._timesteps], np.uint8)

@@ -22,13 +22,13 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 
 from impala_rep.specs import STEP_FIRST
 
-__all__ = ["FrameStacker", "rebuild_stack", "aligned_empty", "ALIGNMENT"]
+__all__ = ["FrameStacker", "FrameHistory", "rebuild_stack", "aligned_empty", "ALIGNMENT"]
 
 # TensorFlow's CPU tensors must start on a 64-byte boundary (Eigen's EIGEN_MAX_ALIGN_BYTES);
 # the learner hands arrays so aligned to TensorFlow without a copy (learner.step).
@@ -112,6 +112,62 @@ class FrameStacker:
             out[first] = np.concatenate([frame[first]] * self.k, axis=-1)
         self._stack, self._spare = out, stack
         return out.copy()
+
+
+class FrameHistory:
+    """The K newest frames of each of B episodes, by the stacking rule, held by reference.
+
+    Where :class:`FrameStacker` builds the stacked observation, this keeps the K per-step
+    batches ``[B, ...]`` themselves (a list, oldest first), so a push costs no copy: the
+    batches are shared with the caller, who must not modify one after pushing it. Where an
+    episode starts, the older entries of those rows become copies of the new frame (the older
+    batches are copied first, so a shared batch is never written). Any per-frame batch works,
+    not only pixels: ``NumpyNetwork.step_frames`` also keeps each frame's part of the first
+    convolution in one.
+    """
+
+    def __init__(self, k: int):
+        if int(k) < 1:
+            raise ValueError(f"frame stack depth must be at least 1, got {k}.")
+        self.k = int(k)
+        self._items: Optional[List[np.ndarray]] = None
+
+    @property
+    def empty(self) -> bool:
+        return self._items is None
+
+    def items(self) -> List[np.ndarray]:
+        """The K batches, oldest first (the stack of row b is their row b, in order)."""
+        if self._items is None:
+            raise ValueError("FrameHistory.items() called before any frame was pushed.")
+        return list(self._items)
+
+    def push(self, frames: np.ndarray, first: np.ndarray) -> None:
+        """Adds the newest batch; ``first`` [B] bools mark rows that start an episode."""
+        first = np.asarray(first, dtype=bool)
+        if first.shape != frames.shape[:1]:
+            raise ValueError(f"first must have shape [{frames.shape[0]}], got {list(first.shape)}.")
+        if self._items is None:
+            self._items = [frames] * self.k
+            return
+        old = self._items[-1]
+        if frames.shape != old.shape or frames.dtype != old.dtype:
+            raise ValueError(
+                f"FrameHistory got a batch of shape {frames.shape} and dtype {frames.dtype} after "
+                f"batches of shape {old.shape} and dtype {old.dtype}."
+            )
+        items = self._items[1:] + [frames]
+        if first.any():
+            for i in range(self.k - 1):
+                items[i] = items[i].copy()
+                items[i][first] = frames[first]
+        self._items = items
+
+    def replace(self, items: Sequence[np.ndarray]) -> None:
+        """Sets all K batches at once (oldest first), e.g. recomputed from other ones."""
+        if len(items) != self.k:
+            raise ValueError(f"FrameHistory.replace needs {self.k} batches, got {len(items)}.")
+        self._items = list(items)
 
 
 def _shift_in(src: np.ndarray, dst: np.ndarray, frame: np.ndarray, k: int) -> None:

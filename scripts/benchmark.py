@@ -15,8 +15,9 @@ For each workload it measures:
 1. The ceiling pieces, each in its own process on one thread:
    * ``env``: bare env agent steps/s (one env, uniformly random actions, episodes reset
      inside the timed loop);
-   * ``inference``: policy inference agent steps/s, i.e. ``NumpyNetwork.step`` plus
-     ``policy.sample_np`` on a batch the size of one actor process's envs, times the batch;
+   * ``inference``: policy inference agent steps/s, i.e. what an actor runs per step,
+     ``NumpyNetwork.step_frames`` (single frames, which the network stacks itself) plus
+     ``policy.sample_np``, on a batch the size of one actor process's envs, times the batch;
    * ``learner``: learner frames/s (= agent steps trained on per second; one frame is one
      of the T x B transitions of a batch) of the replicated V-trace step on one CPU replica
      with one TensorFlow thread, through ``scripts/bench_learner.py``, on the input the
@@ -312,16 +313,18 @@ def _child_inference_rate(workload: Workload, seconds: float, batch: int) -> Dic
     network = NumpyNetwork(config, obs_specs, env_spec.action)
     policy = make_policy(env_spec.action, config)
     rng = np.random.default_rng(0)
-    obs = random_observations(obs_specs, batch, rng)
+    # What an actor runs: single frames, which the network stacks itself (step_frames).
+    obs = random_observations(env_spec.observations, batch, rng)
+    stacks = network.frame_stacks(frame_stack, batch)
     state = network.initial_state(batch)
     first = np.zeros(batch, bool)
     for _ in range(5):  # warm-up
-        params, _, state = network.step(obs, state, first)
+        params, _, state = network.step_frames(obs, state, first, stacks)
         policy.sample_np(params, rng)
     calls, start = 0, time.perf_counter()
     deadline = start + seconds
     while calls < 5 or time.perf_counter() < deadline:
-        params, _, state = network.step(obs, state, first)
+        params, _, state = network.step_frames(obs, state, first, stacks)
         policy.sample_np(params, rng)
         calls += 1
     elapsed = time.perf_counter() - start

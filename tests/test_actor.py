@@ -7,7 +7,7 @@ import envs
 from actors.actor import Actor
 from impala_rep.config import frame_stack_keys
 from impala_rep.distributions import make_policy
-from impala_rep.framestack import rebuild_stack
+from impala_rep.framestack import FrameStacker, rebuild_stack
 from impala_rep.networks import NetworkConfig
 from impala_rep.networks.numpy_backend import NumpyNetwork
 from impala_rep.specs import (
@@ -22,23 +22,44 @@ from impala_rep.specs import (
 
 
 class RecordingNetwork:
-    """Wraps a NumpyNetwork and records the (stacked) observations it was given."""
+    """Wraps a NumpyNetwork and records the stacked observations its policy saw.
+
+    The actor hands ``step_frames`` single frames; this stacks them with its own
+    ``FrameStacker`` (the rule's reference) and checks that ``step_frames`` gives what
+    ``step`` gives on those stacks.
+    """
 
     def __init__(self, net):
         self.net = net
         self.seen = []
         self.firsts = []
+        self.stackers = {}
 
     def initial_state(self, n):
         return self.net.initial_state(n)
 
-    def step(self, obs, state, first):
-        self.seen.append({k: np.array(v) for k, v in obs.items()})
+    def frame_stacks(self, frame_stack, batch):
+        self.stackers = {k: FrameStacker(v, batch_size=batch) for k, v in frame_stack.items() if v > 1}
+        return self.net.frame_stacks(frame_stack, batch)
+
+    def step_frames(self, obs, state, first, stacks):
+        stacked = {k: self.stackers[k].push(v, first) if k in self.stackers else np.array(v) for k, v in obs.items()}
+        self.seen.append(stacked)
         self.firsts.append(np.array(first))
-        return self.net.step(obs, state, first)
+        expected = self.net.step(stacked, state, first)
+        got = self.net.step_frames(obs, state, first, stacks)
+        for a, b in zip(step_leaves(expected), step_leaves(got)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        return got
 
     def set_params(self, params):
         self.net.set_params(params)
+
+
+def step_leaves(outputs):
+    """The arrays of a network step's ``(policy_params, value, state)``, in a fixed order."""
+    params, value, state = outputs
+    return [params[k] for k in sorted(params)] + [value] + [state[k] for k in sorted(state)]
 
 
 def make_actor(env_id, num_envs, T, depth=3, network=None, fetch=None, desync_steps=0, **env_kwargs):

@@ -27,6 +27,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from impala_rep.distributions import make_policy
+from impala_rep.framestack import FrameHistory
 from impala_rep.networks.config import (
     DEEP_SECTIONS,
     RESIDUAL_BLOCKS,
@@ -35,7 +36,7 @@ from impala_rep.networks.config import (
     plan_network,
 )
 
-__all__ = ["NumpyNetwork", "init_params"]
+__all__ = ["NumpyNetwork", "FrameStacks", "init_params"]
 
 
 def init_params(plan, seed: int = 0) -> Dict[str, np.ndarray]:
@@ -109,15 +110,25 @@ def _conv_s2d(x: np.ndarray, big_kernel: np.ndarray, bias: np.ndarray, k: int, s
     outputs it touches, and ``m*m`` shifted adds assemble the output. Same result as
     im2col, with a 4x smaller matmul input and a wider, BLAS-friendlier product.
     """
+    blocks = _s2d_blocks(x, k, s)
+    return _s2d_assemble(blocks.reshape(-1, blocks.shape[-1]) @ big_kernel, x.shape, k, s, bias, scale)
+
+
+def _s2d_blocks(x: np.ndarray, k: int, s: int) -> np.ndarray:
+    """The matmul input of :func:`_conv_s2d`: ``[B, hb*wb, s*s*C]`` float32."""
     b, h, w, c = x.shape
+    hb, wb = (h - k) // s + k // s, (w - k) // s + k // s
+    x = x[:, : hb * s, : wb * s]
+    blocks = x.reshape(b, hb, s, wb, s, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, hb * wb, s * s * c)
+    return blocks if blocks.dtype == np.float32 else blocks.astype(np.float32)
+
+
+def _s2d_assemble(z: np.ndarray, x_shape, k: int, s: int, bias, scale) -> np.ndarray:
+    """The shifted adds of :func:`_conv_s2d`: ``z`` ``[B*hb*wb, m*m*O]`` -> ``[B, oh, ow, O]``."""
+    b, h, w, _ = x_shape
     m = k // s
     oh, ow = (h - k) // s + 1, (w - k) // s + 1
-    hb, wb = oh + m - 1, ow + m - 1
-    x = x[:, : hb * s, : wb * s]
-    blocks = x.reshape(b, hb, s, wb, s, c).transpose(0, 1, 3, 2, 4, 5).reshape(b * hb * wb, s * s * c)
-    if blocks.dtype != np.float32:
-        blocks = blocks.astype(np.float32)
-    z = (blocks @ big_kernel).reshape(b, hb, wb, m, m, -1)
+    z = z.reshape(b, oh + m - 1, ow + m - 1, m, m, -1)
     out = z[:, :oh, :ow, 0, 0].copy()
     for i in range(m):
         for j in range(m):
@@ -125,8 +136,21 @@ def _conv_s2d(x: np.ndarray, big_kernel: np.ndarray, bias: np.ndarray, k: int, s
                 out += z[:, i : i + oh, j : j + ow, i, j]
     if scale is not None:
         out *= np.float32(scale)
-    out += bias
+    if bias is not None:
+        out += bias
     return out
+
+
+def _frame_s2d_kernel(kernel: np.ndarray, k: int, s: int) -> np.ndarray:
+    """[kh, kw, K*C, O] -> [K, s*s*C, m*m*O]: the :func:`_s2d_kernel` of each of the kernel's
+    K slot slices.
+
+    One frame's blocks times slice j give that frame's part of the :func:`_conv_s2d` product
+    of a stack that holds it in slot j: the convolution is linear in its input channels, and
+    slot j of a stack is its channels ``j*C .. (j+1)*C``.
+    """
+    c = kernel.shape[2] // k
+    return np.stack([_s2d_kernel(kernel[:, :, j * c:(j + 1) * c], s) for j in range(k)])
 
 
 def _max_pool_same(x: np.ndarray, k: int = 3, s: int = 2) -> np.ndarray:
@@ -168,6 +192,7 @@ class NumpyNetwork:
         self.obs_specs = dict(obs_specs)
         self._params = init_params(self.plan, seed)
         self._derived: Dict[str, np.ndarray] = {}
+        self._version = 0  # counts set_params calls (FrameStacks caches depend on the parameters)
 
     # -- parameters --
     @property
@@ -179,12 +204,19 @@ class NumpyNetwork:
         new = {name: np.ascontiguousarray(v) for name, v in self.plan.check_params(params).items()}
         self._params = new
         self._derived = {}
+        self._version += 1
 
-    def _s2d(self, name: str, s: int) -> np.ndarray:
-        """The space-to-depth form of kernel ``name``, cached until ``set_params``."""
-        big = self._derived.get(name)
+    def _s2d(self, name: str, s: int, frames: int = 0) -> np.ndarray:
+        """The space-to-depth form of kernel ``name``, cached until ``set_params``.
+
+        With ``frames=K``, its per-frame form (:func:`_frame_s2d_kernel`).
+        """
+        cache_key = f"{name}@{frames}"
+        big = self._derived.get(cache_key)
         if big is None:
-            big = self._derived[name] = _s2d_kernel(self._params[name], s)
+            kernel = self._params[name]
+            big = _frame_s2d_kernel(kernel, frames, s) if frames else _s2d_kernel(kernel, s)
+            self._derived[cache_key] = big
         return big
 
     def initial_state(self, batch: int) -> Dict[str, np.ndarray]:
@@ -195,7 +227,8 @@ class NumpyNetwork:
         return {"h": np.zeros((batch, n), np.float32), "c": np.zeros((batch, n), np.float32)}
 
     # -- forward --
-    def _torso(self, t, x: np.ndarray) -> np.ndarray:
+    def _torso(self, t, x: np.ndarray, first_layer: int = 0) -> np.ndarray:
+        """Torso ``t`` on ``x``; ``first_layer=1`` (shallow only): ``x`` is conv_0's output."""
         p = self._params
         pre = f"torso/{t.key}"
         b = x.shape[0]
@@ -209,7 +242,8 @@ class NumpyNetwork:
             return h
         if t.kind == "shallow":
             h = x
-            for i, (_, k, s) in enumerate(SHALLOW_CONVS):
+            for i in range(first_layer, len(SHALLOW_CONVS)):
+                _, k, s = SHALLOW_CONVS[i]
                 scale = t.scale if i == 0 else None
                 kernel, bias = p[f"{pre}/conv_{i}/kernel"], p[f"{pre}/conv_{i}/bias"]
                 if k % s == 0:
@@ -246,23 +280,131 @@ class NumpyNetwork:
         Returns:
           ``(policy_params {name: [B, *param_shape]}, value [B], new_state)``.
         """
-        p = self._params
+        self._check_keys(obs)
+        batch = None
+        feats = []
+        for t in self.plan.torsos:
+            x = np.asarray(obs[t.key])
+            batch = self._check_obs(t.key, x, t.input_shape, batch)
+            feats.append(self._torso(t, x))
+        return self._heads(feats, state, first, batch)
+
+    def frame_stacks(self, frame_stack: Mapping[str, int], batch: int) -> "FrameStacks":
+        """A :class:`FrameStacks` for :meth:`step_frames` on ``batch`` envs.
+
+        ``frame_stack``: key -> K, the keys whose observations the network gets stacked K deep
+        (their specs have K times the channels of one frame). Depths of 1 are dropped.
+        """
+        depths = {}
+        torsos = {t.key: t for t in self.plan.torsos}
+        for key, k in frame_stack.items():
+            k = int(k)
+            if k <= 1:
+                continue
+            t = torsos.get(key)
+            if t is None:
+                raise ValueError(f"frame_stack names {key!r}, which is not one of the network's keys {sorted(torsos)}.")
+            if t.input_shape[-1] % k:
+                raise ValueError(
+                    f"observation {key!r} has {t.input_shape[-1]} channels, which is not a stack of {k} frames."
+                )
+            depths[key] = k
+        return FrameStacks(depths, int(batch))
+
+    def step_frames(
+        self, obs: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray], first: Any, stacks: "FrameStacks"
+    ) -> Tuple[Dict[str, np.ndarray], np.ndarray, Dict[str, np.ndarray]]:
+        """:meth:`step` on single frames: the network stacks the keys of ``stacks`` itself.
+
+        ``obs[key]`` is the newest frame ``[B, H, W, C]`` for each key of ``stacks`` (from
+        :meth:`frame_stacks`), the whole observation for the others. Same outputs as
+        :meth:`step` on the stacks :class:`~impala_rep.framestack.FrameStacker` builds from
+        the same frames and ``first`` flags (up to float rounding), and ``stacks`` is updated.
+
+        A shallow torso convolves only the new frame: the first convolution is linear in its
+        input channels, so each frame's part of it, one per stack slot, is computed once and
+        kept (recomputed from the kept frames after :meth:`set_params`). Other torsos get the
+        stack, concatenated from the kept frames.
+        """
+        self._check_keys(obs)
+        first = np.asarray(first, dtype=bool).reshape(-1)
+        batch = stacks.batch
+        if first.shape != (batch,):
+            raise ValueError(f"first must have shape [B] = [{batch}], got {list(np.shape(first))}.")
+        xs = {}
+        for t in self.plan.torsos:  # check every key before any stack changes
+            x = xs[t.key] = np.asarray(obs[t.key])
+            k = stacks.depths.get(t.key)
+            if k is None:
+                self._check_obs(t.key, x, t.input_shape, batch)
+            else:
+                frame_shape = t.input_shape[:-1] + (t.input_shape[-1] // k,)
+                self._check_obs(t.key, x, frame_shape, batch, f" (one frame of a stack of {k})")
+        feats = []
+        for t in self.plan.torsos:
+            x = xs[t.key]
+            k = stacks.depths.get(t.key)
+            if k is None:
+                feats.append(self._torso(t, x))
+                continue
+            frames = stacks.frames[t.key]
+            frames.push(x, first)
+            if t.kind == "shallow" and SHALLOW_CONVS[0][1] % SHALLOW_CONVS[0][2] == 0:
+                feats.append(self._torso(t, self._stacked_conv0(t, k, x, first, stacks), first_layer=1))
+            else:
+                feats.append(self._torso(t, np.concatenate(frames.items(), axis=-1)))
+        stacks.version = self._version
+        return self._heads(feats, state, first, batch)
+
+    def _stacked_conv0(self, t, k: int, frame: np.ndarray, first: np.ndarray, stacks: "FrameStacks") -> np.ndarray:
+        """The shallow torso's first layer (conv, ReLU) on the stacks, from per-frame parts.
+
+        A frame's parts are its blocks times each slot's slice of the kernel
+        (:func:`_frame_s2d_kernel`), ``[B, K, hb*wb, m*m*O]``; a stack's product is the sum over
+        its slots j of slot j's frame's part j, and the shifted adds then run once, on the sum.
+        """
+        _, kernel, stride = SHALLOW_CONVS[0]
+        big = self._s2d(f"torso/{t.key}/conv_0/kernel", stride, frames=k)
+
+        def frame_parts(x):
+            return np.matmul(_s2d_blocks(x, kernel, stride)[:, None], big[None])
+
+        parts = stacks.parts[t.key]
+        if stacks.version != self._version or parts.empty:
+            # New parameters: every kept frame's parts change (the newest is already kept).
+            done: Dict[int, np.ndarray] = {}
+            items = []
+            for item in stacks.frames[t.key].items():
+                if id(item) not in done:
+                    done[id(item)] = frame_parts(item)
+                items.append(done[id(item)])
+            parts.replace(items)
+        else:
+            parts.push(frame_parts(frame), first)
+        items = parts.items()
+        z = items[0][:, 0] + items[1][:, 1]
+        for j in range(2, k):
+            z += items[j][:, j]
+        bias = self._params[f"torso/{t.key}/conv_0/bias"]
+        return _relu(_s2d_assemble(z, frame.shape, kernel, stride, bias, t.scale))
+
+    def _check_keys(self, obs: Mapping[str, np.ndarray]) -> None:
         missing = [t.key for t in self.plan.torsos if t.key not in obs]
         if missing:
             raise ValueError(f"obs lacks keys {missing}; the network needs {[t.key for t in self.plan.torsos]}.")
-        feats = []
-        batch = None
-        for t in self.plan.torsos:
-            x = np.asarray(obs[t.key])
-            if x.shape[1:] != t.input_shape:
-                raise ValueError(
-                    f"obs[{t.key!r}] must have shape [B, {', '.join(map(str, t.input_shape))}], got {list(x.shape)}."
-                )
-            if batch is None:
-                batch = x.shape[0]
-            elif x.shape[0] != batch:
-                raise ValueError(f"obs[{t.key!r}] has batch {x.shape[0]}, other keys have {batch}.")
-            feats.append(self._torso(t, x))
+
+    @staticmethod
+    def _check_obs(key: str, x: np.ndarray, shape: Tuple[int, ...], batch, what: str = "") -> int:
+        """Checks ``x`` is ``[B, *shape]`` with the batch of the other keys; returns B."""
+        if x.shape[1:] != tuple(shape):
+            raise ValueError(f"obs[{key!r}] must have shape [B, {', '.join(map(str, shape))}]{what}, got {list(x.shape)}.")
+        if batch is not None and x.shape[0] != batch:
+            raise ValueError(f"obs[{key!r}] has batch {x.shape[0]}, other keys have {batch}.")
+        return x.shape[0]
+
+    def _heads(self, feats, state: Mapping[str, np.ndarray], first: Any, batch: int):
+        """The core and the heads on the torso outputs: ``(policy_params, value, new_state)``."""
+        p = self._params
         h = feats[0] if len(feats) == 1 else np.concatenate(feats, axis=-1)
         new_state: Dict[str, np.ndarray] = {}
         if self.plan.lstm_size is not None:
@@ -285,3 +427,32 @@ class NumpyNetwork:
         policy_params = self.policy.params_from_head_np(raw)
         value = (h @ p["value/kernel"] + p["value/bias"])[:, 0]
         return policy_params, value, new_state
+
+
+class FrameStacks:
+    """What :meth:`NumpyNetwork.step_frames` keeps between steps (make it with
+    :meth:`NumpyNetwork.frame_stacks`).
+
+    Per stacked key: ``frames[key]``, the K newest frames of each env's episode (a
+    :class:`~impala_rep.framestack.FrameHistory`), and ``parts[key]``, each of those frames'
+    parts of a shallow torso's first convolution. ``version`` is the network's parameter
+    version the parts were computed with.
+    """
+
+    def __init__(self, depths: Mapping[str, int], batch: int):
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}.")
+        self.depths = dict(depths)
+        self.batch = batch
+        self.frames = {key: FrameHistory(k) for key, k in self.depths.items()}
+        self.parts = {key: FrameHistory(k) for key, k in self.depths.items()}
+        self.version = -1
+
+    def prefix(self, key: str, upcoming: np.ndarray) -> np.ndarray:
+        """The K-1 frames before the next step, time-major ``[K-1, B, ...]``: the frame prefix
+        of an unroll that the next step opens (before any step, copies of ``upcoming``, the
+        next step's frames, which the rule then uses)."""
+        frames = self.frames[key]
+        if frames.empty:
+            return np.repeat(np.asarray(upcoming)[None], frames.k - 1, axis=0)
+        return np.stack(frames.items()[1:])
