@@ -370,10 +370,36 @@ def test_scripts_have_no_import_time_side_effects():
         "import os, sys, importlib.util\n"
         "before = dict(os.environ)\n"
         f"sys.path.insert(0, {str(SCRIPTS)!r})\n"
-        "import benchmark, plot_curves\n"
+        "import benchmark, plot_curves, bench_actor\n"
         "assert dict(os.environ) == before\n"
         "assert 'tensorflow' not in sys.modules and 'matplotlib' not in sys.modules and 'dm_env' not in sys.modules\n"
         "print('ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "ok", proc.stderr
+
+
+# ----------------------------------------------------------------------------- bench_actor.py
+
+
+def test_bench_actor_times_the_loop_and_its_parts():
+    cmd = [sys.executable, str(SCRIPTS / "bench_actor.py"), "--envs", "2", "--unroll-length", "4",
+           "--seconds", "0.5", "--refresh", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(SCRIPTS.parent))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("loop", "env", "inference"):
+        assert result[f"{key}_ms_per_step"] > 0
+    assert result["overhead_ms_per_step"] == pytest.approx(
+        result["loop_ms_per_step"] - result["env_ms_per_step"] - result["inference_ms_per_step"])
+    # Every unroll was serialized (5 frames of 84x84x3 and 2 prefix frames) and followed by
+    # new parameters.
+    assert result["unrolls"] >= 2 and result["param_updates"] == result["unrolls"] // 2
+    assert result["unroll_bytes"] > 7 * 84 * 84 * 3
+
+
+def test_bench_actor_rejects_an_unknown_workload():
+    cmd = [sys.executable, str(SCRIPTS / "bench_actor.py"), "--workload", "atari", "--seconds", "0.1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=str(SCRIPTS.parent))
+    assert proc.returncode == 2
+    assert "unknown workload 'atari'" in proc.stderr

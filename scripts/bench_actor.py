@@ -1,0 +1,158 @@
+#!/usr/bin/env python
+"""CPU cost of the actor loop per agent step, against its env and inference parts alone.
+
+Runs one :class:`actors.actor.Actor` in this process, on one thread, the way an actor
+process runs it: ``--envs`` envs of a ``scripts/benchmark.py`` workload stepped in lockstep,
+the NumPy network stacking the frames itself (``step_frames``), unrolls of ``T+1`` steps cut
+and serialized to the wire format (``encode_unroll_bytes``, what ``LearnerClient.send``
+queues), and, with ``--refresh``, new parameters after every unroll (the most a learner can
+hand out). No gRPC: the sender thread and the learner are not part of it.
+
+It also times, in the same process and in turns with the loop, the two parts the
+benchmark's ceiling counts: the envs alone (random actions) and the inference alone
+(``step_frames`` and ``sample_np`` on the same batch). ``overhead`` is the loop's CPU per agent step beyond those two: frame prefixes,
+unroll assembly, encoding, parameter refreshes and Python bookkeeping.
+
+    .venv/bin/python scripts/bench_actor.py --workload synthetic --envs 16 --seconds 10
+    .venv/bin/python scripts/bench_actor.py --workload dmc/cartpole-swingup --envs 16 --refresh --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent
+REPO = SCRIPTS.parent
+
+
+def _cpu_per_step(run, seconds: float, steps_per_call: int):
+    """(ms of process CPU per agent step, calls) of ``run()`` repeated for ``seconds``."""
+    calls, wall0, cpu0 = 0, time.perf_counter(), time.process_time()
+    while calls < 3 or time.perf_counter() - wall0 < seconds:
+        run()
+        calls += 1
+    return 1e3 * (time.process_time() - cpu0) / (calls * steps_per_call), calls
+
+
+def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, refresh: bool = False,
+            seed: int = 0):
+    import numpy as np
+
+    import envs as envs_lib
+    from actors.actor import Actor
+    from benchmark import FRAME_STACK, NETWORK, WORKLOADS
+    from impala_rep.config import frame_stack_keys
+    from impala_rep.costs import random_actions
+    from impala_rep.distributions import make_policy
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.networks.numpy_backend import NumpyNetwork
+    from impala_rep.specs import env_spec_from_dm_env, stacked_observation_specs
+    from impala_rep.wire import encode_unroll_bytes
+
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}.")
+    if envs < 1 or unroll_length < 1 or seconds <= 0:
+        raise ValueError("--envs and --unroll-length must be at least 1 and --seconds positive.")
+    w = WORKLOADS[workload]
+    env_list = [envs_lib.make(w.env_id, seed=seed + i, **w.env_kwargs) for i in range(envs)]
+    spec = env_spec_from_dm_env(env_list[0])
+    config = NetworkConfig(torso=NETWORK)
+    frame_stack = frame_stack_keys(spec.observations, FRAME_STACK)
+    network = NumpyNetwork(config, stacked_observation_specs(spec.observations, frame_stack), spec.action)
+    policy = make_policy(spec.action, config)
+    params = network.params
+    payload_bytes = []
+
+    def sink(unroll):
+        payload = encode_unroll_bytes("bench", unroll.policy_version, unroll.tensors,
+                                      unroll.episode_returns, unroll.episode_lengths)
+        payload_bytes.append(len(payload))
+
+    def fetch(version):
+        return (version + 1, params) if refresh else (version, None)
+
+    actor = Actor(env_list, network, policy, unroll_length, frame_stack, sink=sink, fetch_params=fetch, seed=seed)
+    actor.run(max_steps=2 * envs * (unroll_length + 1))  # warm-up
+
+    rng = np.random.default_rng(seed)
+    action_spec = env_list[0].action_spec()
+
+    def step_envs():
+        actions = random_actions(action_spec, envs, rng)
+        for env, action in zip(env_list, actions):
+            if env.step(action).last():
+                env.reset()
+
+    obs = {k: np.stack([np.asarray(env.reset().observation[k]) for env in env_list]) for k in spec.observations}
+    stacks = network.frame_stacks(frame_stack, envs)
+    state, first = network.initial_state(envs), np.zeros(envs, bool)
+
+    def infer():
+        nonlocal state
+        out, _, state = network.step_frames(obs, state, first, stacks)
+        policy.sample_np(out, rng)
+
+    # The three in turn, a few rounds, so that a drifting machine affects them alike.
+    totals = {"loop": [0.0, 0], "env": [0.0, 0], "inference": [0.0, 0]}
+    rounds = 3
+    for _ in range(rounds):
+        for name, run, share in (("loop", actor.step, 0.5), ("env", step_envs, 0.25), ("inference", infer, 0.25)):
+            ms, calls = _cpu_per_step(run, seconds * share / rounds, envs)
+            totals[name][0] += ms * calls
+            totals[name][1] += calls
+    loop_ms, env_ms, inference_ms = (totals[k][0] / totals[k][1] for k in ("loop", "env", "inference"))
+    calls = totals["loop"][1]
+    for env in env_list:
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+    return {
+        "workload": workload, "envs": envs, "unroll_length": unroll_length, "refresh": refresh,
+        "loop_ms_per_step": loop_ms, "env_ms_per_step": env_ms, "inference_ms_per_step": inference_ms,
+        "overhead_ms_per_step": loop_ms - env_ms - inference_ms,
+        "overhead_share": (loop_ms - env_ms - inference_ms) / loop_ms,
+        "loop_calls": calls, "unrolls": actor.stats.unrolls, "param_updates": actor.stats.param_updates,
+        "unroll_bytes": int(np.mean(payload_bytes)) if payload_bytes else 0,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="synthetic", help="a scripts/benchmark.py workload (default synthetic)")
+    parser.add_argument("--envs", type=int, default=16, help="envs stepped together, as in one actor process (default 16)")
+    parser.add_argument("--unroll-length", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="timed seconds in all: half for the loop, a quarter for each part, in 3 rounds")
+    parser.add_argument("--refresh", action="store_true", help="new parameters after every unroll")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    # One thread, like the benchmark's ceiling pieces and the launcher's actor processes (set
+    # before NumPy or MuJoCo is imported).
+    sys.path[:0] = [str(SCRIPTS), str(REPO)]
+    from impala_rep.plan import ACTOR_THREAD_VARS
+
+    os.environ.update({name: "1" for name in ACTOR_THREAD_VARS})
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    try:
+        result = measure(args.workload, args.envs, args.seconds, args.unroll_length, args.refresh)
+    except ValueError as e:
+        print(f"bench_actor: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['workload']}, {result['envs']} envs, unroll {result['unroll_length']}"
+              f"{', new parameters every unroll' if args.refresh else ''} (ms of CPU per agent step):")
+        for key in ("loop", "env", "inference", "overhead"):
+            print(f"  {key:<10} {result[key + '_ms_per_step']:.3f}")
+        print(f"  overhead share of the loop: {result['overhead_share']:.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
