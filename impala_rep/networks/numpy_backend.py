@@ -124,7 +124,8 @@ def _s2d_blocks(x: np.ndarray, k: int, s: int) -> np.ndarray:
 
 
 def _s2d_assemble(z: np.ndarray, x_shape, k: int, s: int, bias, scale) -> np.ndarray:
-    """The shifted adds of :func:`_conv_s2d`: ``z`` ``[B*hb*wb, m*m*O]`` -> ``[B, oh, ow, O]``."""
+    """The shifted adds of :func:`_conv_s2d`: ``z`` (``B*hb*wb`` rows of ``m*m*O``, in any
+    shape that holds them in that order) -> ``[B, oh, ow, O]``."""
     b, h, w, _ = x_shape
     m = k // s
     oh, ow = (h - k) // s + 1, (w - k) // s + 1
