@@ -45,13 +45,9 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
 
     import envs as envs_lib
     from actors.actor import Actor
-    from benchmark import FRAME_STACK, NETWORK, WORKLOADS
-    from impala_rep.config import frame_stack_keys
+    from benchmark import WORKLOADS, actor_network
     from impala_rep.costs import random_actions
-    from impala_rep.distributions import make_policy
-    from impala_rep.networks import NetworkConfig
-    from impala_rep.networks.numpy_backend import NumpyNetwork
-    from impala_rep.specs import env_spec_from_dm_env, stacked_observation_specs
+    from impala_rep.specs import env_spec_from_dm_env
     from impala_rep.wire import encode_unroll_bytes
 
     if workload not in WORKLOADS:
@@ -61,10 +57,7 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
     w = WORKLOADS[workload]
     env_list = [envs_lib.make(w.env_id, seed=seed + i, **w.env_kwargs) for i in range(envs)]
     spec = env_spec_from_dm_env(env_list[0])
-    config = NetworkConfig(torso=NETWORK)
-    frame_stack = frame_stack_keys(spec.observations, FRAME_STACK)
-    network = NumpyNetwork(config, stacked_observation_specs(spec.observations, frame_stack), spec.action)
-    policy = make_policy(spec.action, config)
+    frame_stack, _, network, policy = actor_network(spec)
     params = network.params
     payload_bytes = []
 

@@ -291,27 +291,35 @@ def _child_env_rate(workload: Workload, seconds: float) -> Dict[str, Any]:
     return out
 
 
+def actor_network(env_spec):
+    """What an actor of the workloads runs on ``env_spec``: ``(frame_stack, stacked obs specs,
+    NumpyNetwork, policy)`` for the benchmark's network and stack depth (the inference piece
+    and ``scripts/bench_actor.py`` both time it)."""
+    from impala_rep.config import frame_stack_keys
+    from impala_rep.distributions import make_policy
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.networks.numpy_backend import NumpyNetwork
+    from impala_rep.specs import stacked_observation_specs
+
+    config = NetworkConfig(torso=NETWORK)
+    frame_stack = frame_stack_keys(env_spec.observations, FRAME_STACK)
+    obs_specs = stacked_observation_specs(env_spec.observations, frame_stack)
+    return frame_stack, obs_specs, NumpyNetwork(config, obs_specs, env_spec.action), make_policy(env_spec.action, config)
+
+
 def _child_inference_rate(workload: Workload, seconds: float, batch: int) -> Dict[str, Any]:
     import numpy as np
 
     import envs
-    from impala_rep.config import frame_stack_keys
     from impala_rep.costs import random_observations
-    from impala_rep.distributions import make_policy
-    from impala_rep.networks import NetworkConfig
-    from impala_rep.networks.numpy_backend import NumpyNetwork
-    from impala_rep.specs import env_spec_from_dm_env, stacked_observation_specs
+    from impala_rep.specs import env_spec_from_dm_env
 
     env = envs.make(workload.env_id, seed=0, **workload.env_kwargs)
     env_spec = env_spec_from_dm_env(env)
     close = getattr(env, "close", None)
     if close is not None:
         close()
-    config = NetworkConfig(torso=NETWORK)
-    frame_stack = frame_stack_keys(env_spec.observations, FRAME_STACK)
-    obs_specs = stacked_observation_specs(env_spec.observations, frame_stack)
-    network = NumpyNetwork(config, obs_specs, env_spec.action)
-    policy = make_policy(env_spec.action, config)
+    frame_stack, obs_specs, network, policy = actor_network(env_spec)
     rng = np.random.default_rng(0)
     # What an actor runs: single frames, which the network stacks itself (step_frames).
     obs = random_observations(env_spec.observations, batch, rng)

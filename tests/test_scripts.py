@@ -398,8 +398,13 @@ def test_bench_actor_times_the_loop_and_its_parts():
     assert result["unroll_bytes"] > 7 * 84 * 84 * 3
 
 
-def test_bench_actor_rejects_an_unknown_workload():
-    cmd = [sys.executable, str(SCRIPTS / "bench_actor.py"), "--workload", "atari", "--seconds", "0.1"]
+@pytest.mark.parametrize("argv,message", [
+    (["--workload", "atari"], "unknown workload 'atari'"),
+    (["--envs", "0"], "--envs and --unroll-length must be at least 1 and --seconds positive"),
+    (["--seconds", "0"], "--envs and --unroll-length must be at least 1 and --seconds positive"),
+])
+def test_bench_actor_bad_arguments_get_sentences(argv, message):
+    cmd = [sys.executable, str(SCRIPTS / "bench_actor.py"), "--seconds", "0.1"] + argv
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=str(SCRIPTS.parent))
     assert proc.returncode == 2
-    assert "unknown workload 'atari'" in proc.stderr
+    assert message in proc.stderr
