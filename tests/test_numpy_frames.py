@@ -105,7 +105,17 @@ def test_bad_frames_get_sentences_and_leave_the_stacks_unchanged():
         net.frame_stacks({"rgb": K}, 2)
     with pytest.raises(ValueError, match=r"not a stack of 2 frames"):
         net.frame_stacks({"pixels": 2}, 2)
+    with pytest.raises(ValueError, match=r"batch must be at least 1, got 0"):
+        net.frame_stacks({"pixels": K}, 0)
+    history = FrameHistory(2)
+    with pytest.raises(ValueError, match=r"called before any frame was pushed"):
+        history.items()
+    with pytest.raises(ValueError, match=r"first must have shape \[2\], got \[3\]"):
+        history.push(np.zeros((2, 3)), np.ones(3, bool))
+    history.push(np.zeros((2, 3)), np.ones(2, bool))
     with pytest.raises(ValueError, match=r"FrameHistory got a batch of shape"):
-        history = FrameHistory(2)
-        history.push(np.zeros((2, 3)), np.ones(2, bool))
         history.push(np.zeros((2, 4)), np.ones(2, bool))
+    with pytest.raises(ValueError, match=r"FrameHistory.replace needs 2 batches, got 1"):
+        history.replace([np.zeros((2, 3))])
+    with pytest.raises(ValueError, match=r"frame stack depth must be at least 1"):
+        FrameHistory(0)
