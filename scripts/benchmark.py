@@ -32,6 +32,15 @@ For each workload it measures:
    ``--seconds`` later; rate = difference of ``agent_steps`` / difference of ``time``.
 3. The ratio of (2) to the ceiling (1) implies for the cores used.
 
+The pieces run in ``--rounds`` rounds (default 2): the first before the end-to-end run, the
+others after it, so the ceiling is measured on both sides of the window it is compared with.
+This host's speed drifts by tens of percent over minutes; one round of 10-second pieces
+before the run gave ratios from 0.82 to 0.99 for end-to-end rates within 1% of each other
+(eighth session). Each piece's
+rate is the harmonic mean of its rounds (the mean core-seconds per agent step, which is what
+the ceiling adds up); the JSON keeps every round's rate, and the ratio to each round's
+ceiling alone, so the spread stays visible.
+
 The ceiling. Every agent step costs core-seconds in three places: the actor steps the env
 (``1 / env_rate``) and runs the policy (``1 / inference_rate``), and the learner trains on
 it (``1 / learner_rate``, measured on one core). With ``C`` cores shared by actors and
@@ -49,6 +58,7 @@ Usage (from the repo root)::
     .venv/bin/python scripts/benchmark.py --json > bench.json
     .venv/bin/python scripts/benchmark.py --workloads synthetic --actors 32 --seconds 60 --warmup 30
     .venv/bin/python scripts/benchmark.py --parts ceiling --piece-seconds 5   # the pieces only
+    .venv/bin/python scripts/benchmark.py --rounds 3   # pieces before the run, and twice after it
 
 Every subprocess is bounded by a timeout; the learner listens on loopback only.
 """
@@ -641,6 +651,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=30.0,
                         help="seconds after the first learner step before the window opens (default 30)")
     parser.add_argument("--piece-seconds", type=float, default=10.0, help="measurement time of each ceiling piece (default 10)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds of the ceiling pieces, the first before the end-to-end run and the others after "
+                             "it; each piece's rate is the harmonic mean of its rounds (default 2)")
     parser.add_argument("--cores", type=float, default=None,
                         help="cores the ceiling is computed for (default: the cores this process may use)")
     parser.add_argument("--log-interval", type=float, default=1.0, help="the run's metrics interval in seconds (default 1)")
@@ -666,6 +679,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds, got {getattr(args, name)}.")
     if args.warmup < 0:
         parser.error(f"--warmup must be zero or more seconds, got {args.warmup}.")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}.")
     if args.cores is not None and not args.cores > 0:
         parser.error(f"--cores must be positive, got {args.cores}.")
     if args.seconds < 2 * args.log_interval:
@@ -680,37 +695,84 @@ def inference_batch(args) -> int:
     return args.batch or envs_per_process(args.actors, processes)
 
 
+def combine_rounds(rounds: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """One piece's rounds as one result: the rate is the harmonic mean of the rounds' rates
+    (the mean core-seconds per agent step, which is what the ceiling adds up), the other
+    fields are the last round's, and ``rounds_agent_steps_per_s`` lists every round's rate.
+    A round that failed makes the result that round's error."""
+    if not rounds:
+        raise ValueError("combine_rounds needs at least one round.")
+    for r in rounds:
+        if "error" in r:
+            return dict(r)
+    rates = [float(r["agent_steps_per_s"]) for r in rounds]
+    out = dict(rounds[-1])
+    out["agent_steps_per_s"] = len(rates) / sum(1.0 / x for x in rates)
+    out["rounds_agent_steps_per_s"] = rates
+    return out
+
+
+def measure_pieces(workload: Workload, args, report, label: str = "") -> Dict[str, Dict[str, Any]]:
+    """One round of the three ceiling pieces, each in its own one-thread process."""
+    common = ["--workloads", workload.name, "--piece-seconds", str(args.piece_seconds)]
+    out: Dict[str, Dict[str, Any]] = {}
+    report(f"{workload.name}{label}: env steps/s on one core ...")
+    out["env"] = _run_child(["--child", "env"] + common, args.timeout)
+    batch = inference_batch(args)
+    report(f"{workload.name}{label}: policy inference at batch {batch} on one core ...")
+    out["inference"] = _run_child(["--child", "inference", "--batch", str(batch)] + common, args.timeout)
+    if "error" in out["inference"]:
+        out["learner"] = {"error": "not measured: the learner piece takes its input shapes from the inference piece, which failed."}
+    else:
+        obs_shape, k, action_dims = learner_input(out["inference"])
+        report(f"{workload.name}{label}: learner frames/s on one core ({'x'.join(map(str, obs_shape))} frames, "
+               f"stacked {k} deep) ...")
+        out["learner"] = measure_learner(args.piece_seconds, args.timeout, obs_shape, k, action_dims)
+    return out
+
+
+PIECES = ("env", "inference", "learner")
+
+
 def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
+    """The pieces in ``args.rounds`` rounds and the end-to-end run, for one workload.
+
+    With both parts, the first round of pieces runs before the end-to-end run and the others
+    after it, so that the ceiling is measured on both sides of the window it is compared with
+    (this host's speed drifts by tens of percent over minutes)."""
     out: Dict[str, Any] = {"workload": workload.name, "env_id": workload.env_id, "env_kwargs": dict(workload.env_kwargs),
                            "network": NETWORK, "unroll_length": UNROLL_LENGTH, "batch_size": BATCH_SIZE,
                            "frame_stack": FRAME_STACK}
     cores = args.cores or available_cores()
-    if "ceiling" in args.parts:
-        common = ["--workloads", workload.name, "--piece-seconds", str(args.piece_seconds)]
-        report(f"{workload.name}: env steps/s on one core ...")
-        out["env"] = _run_child(["--child", "env"] + common, args.timeout)
-        batch = inference_batch(args)
-        report(f"{workload.name}: policy inference at batch {batch} on one core ...")
-        out["inference"] = _run_child(["--child", "inference", "--batch", str(batch)] + common, args.timeout)
-        if "error" in out["inference"]:
-            out["learner"] = {"error": "not measured: the learner piece takes its input shapes from the inference piece, which failed."}
-        else:
-            obs_shape, k, action_dims = learner_input(out["inference"])
-            report(f"{workload.name}: learner frames/s on one core ({'x'.join(map(str, obs_shape))} frames, "
-                   f"stacked {k} deep) ...")
-            out["learner"] = measure_learner(args.piece_seconds, args.timeout, obs_shape, k, action_dims)
-        pieces = [out[k] for k in ("env", "inference", "learner")]
-        if all("error" not in p for p in pieces):
-            rates = [p["agent_steps_per_s"] for p in pieces]
-            out["cores"] = cores
-            out["ceiling_agent_steps_per_s"] = ceiling_agent_steps_per_s(*rates, cores)
-            out["cost_shares"] = cost_shares(*rates)
+    ceiling = "ceiling" in args.parts
+    rounds: List[Dict[str, Dict[str, Any]]] = []
+
+    def pieces_round():
+        label = f", round {len(rounds) + 1} of {args.rounds}" if args.rounds > 1 else ""
+        rounds.append(measure_pieces(workload, args, report, label))
+
+    before = (1 if "e2e" in args.parts else args.rounds) if ceiling else 0
+    for _ in range(before):
+        pieces_round()
     if "e2e" in args.parts:
         report(f"{workload.name}: end to end, {args.actors} actors, {args.warmup:.0f} s warm-up + {args.seconds:.0f} s ...")
         out["end_to_end"] = measure_end_to_end(workload, args)
-        e2e = out["end_to_end"].get("agent_steps_per_s")
-        if e2e is not None and "ceiling_agent_steps_per_s" in out:
-            out["ratio_to_ceiling"] = e2e / out["ceiling_agent_steps_per_s"]
+    while ceiling and len(rounds) < args.rounds:
+        pieces_round()
+    if rounds:
+        for piece in PIECES:
+            out[piece] = combine_rounds([r[piece] for r in rounds])
+        if all("error" not in out[p] for p in PIECES):
+            out["cores"] = cores
+            out["ceiling_agent_steps_per_s"] = ceiling_agent_steps_per_s(*(out[p]["agent_steps_per_s"] for p in PIECES), cores)
+            out["cost_shares"] = cost_shares(*(out[p]["agent_steps_per_s"] for p in PIECES))
+            out["ceiling_per_round"] = [
+                ceiling_agent_steps_per_s(*(r[p]["agent_steps_per_s"] for p in PIECES), cores) for r in rounds
+            ]
+    e2e = out.get("end_to_end", {}).get("agent_steps_per_s")
+    if e2e is not None and "ceiling_agent_steps_per_s" in out:
+        out["ratio_to_ceiling"] = e2e / out["ceiling_agent_steps_per_s"]
+        out["ratio_to_ceiling_per_round"] = [e2e / c for c in out["ceiling_per_round"]]
     return out
 
 
@@ -726,7 +788,9 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
         for key, label in (("env", "env, one core"), ("inference", "inference, one core"), ("learner", "learner, one core")):
             if key in r:
                 extra = f" (batch {r[key]['batch']})" if key == "inference" and "batch" in r[key] else ""
-                lines.append(f"  {label + extra:32s} {_fmt(r[key])}")
+                rates = r[key].get("rounds_agent_steps_per_s", [])
+                spread = f"  (rounds: {', '.join(f'{x:.1f}' for x in rates)})" if len(rates) > 1 else ""
+                lines.append(f"  {label + extra:32s} {_fmt(r[key])}{spread}")
         if "ceiling_agent_steps_per_s" in r:
             shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["cost_shares"].items())
             lines.append(f"  {'ceiling on %g cores' % r['cores']:32s} {r['ceiling_agent_steps_per_s']:10.1f} agent steps/s"
@@ -741,7 +805,9 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
                     lines.append(f"  {'':32s} cores used: learner process {e['cores_learner']:.2f}, actor processes "
                                  f"{e['cores_actors']:.2f}, whole machine {e['cores_machine']:.2f} of {r.get('cores', available_cores()):g}")
         if "ratio_to_ceiling" in r:
-            lines.append(f"  {'ratio to ceiling':32s} {100 * r['ratio_to_ceiling']:10.1f} %")
+            per_round = r.get("ratio_to_ceiling_per_round", [])
+            spread = f"  (each round's ceiling alone: {', '.join(f'{100 * x:.1f} %' for x in per_round)})" if len(per_round) > 1 else ""
+            lines.append(f"  {'ratio to ceiling':32s} {100 * r['ratio_to_ceiling']:10.1f} %{spread}")
     return "\n".join(lines)
 
 

@@ -144,6 +144,7 @@ def test_read_metrics_skips_a_half_written_line(tmp_path):
         (["--seconds", "0"], "--seconds must be a positive number"),
         (["--seconds", "1", "--log-interval", "1"], "at least two metrics records"),
         (["--cores", "0"], "--cores must be positive"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
         (["--learner-threads", "none"], "expected a positive number of threads or 'auto'"),
     ],
 )
@@ -160,6 +161,61 @@ def test_benchmark_defaults_cover_both_workloads():
     assert args.parts == ["ceiling", "e2e"]
     assert args.learner_threads == "auto" and bench.parse_args(["--learner-threads", "2"]).learner_threads == 2
     assert bench.inference_batch(bench.parse_args(["--actors", "64", "--actor-processes", "2"])) == 32
+
+
+def test_combine_rounds_takes_the_harmonic_mean_and_keeps_each_round():
+    rounds = [{"agent_steps_per_s": 1000.0, "batch": 16}, {"agent_steps_per_s": 500.0, "batch": 16}]
+    out = bench.combine_rounds(rounds)
+    # 1 ms and 2 ms per step average to 1.5 ms: 666.7 steps/s (not the arithmetic 750).
+    assert out["agent_steps_per_s"] == pytest.approx(2000.0 / 3)
+    assert out["rounds_agent_steps_per_s"] == [1000.0, 500.0] and out["batch"] == 16
+    assert bench.combine_rounds(rounds[:1])["agent_steps_per_s"] == 1000.0
+    failed = bench.combine_rounds([rounds[0], {"error": "learner crashed"}])
+    assert failed == {"error": "learner crashed"}
+    with pytest.raises(ValueError, match="at least one round"):
+        bench.combine_rounds([])
+
+
+@pytest.mark.parametrize("parts, rounds, order", [
+    (["ceiling", "e2e"], 2, ["pieces", "e2e", "pieces"]),
+    (["ceiling", "e2e"], 3, ["pieces", "e2e", "pieces", "pieces"]),
+    (["ceiling", "e2e"], 1, ["pieces", "e2e"]),
+    (["ceiling"], 2, ["pieces", "pieces"]),
+    (["e2e"], 2, ["e2e"]),
+])
+def test_pieces_rounds_bracket_the_end_to_end_run(monkeypatch, parts, rounds, order):
+    calls = []
+    rates = iter([(1e6, 1000.0, 500.0), (1e6, 500.0, 1000.0), (1e6, 800.0, 800.0)])
+
+    def pieces(workload, args, report, label=""):
+        calls.append("pieces")
+        env, inference, learner = next(rates)
+        return {"env": {"agent_steps_per_s": env}, "inference": {"agent_steps_per_s": inference},
+                "learner": {"agent_steps_per_s": learner}}
+
+    def e2e(workload, args):
+        calls.append("e2e")
+        return {"agent_steps_per_s": 400.0, "actors": 2, "window_seconds": 60.0}
+
+    monkeypatch.setattr(bench, "measure_pieces", pieces)
+    monkeypatch.setattr(bench, "measure_end_to_end", e2e)
+    args = bench.parse_args(["--workloads", "synthetic", "--parts", *parts, "--rounds", str(rounds), "--cores", "2"])
+    out = bench.run_workload(bench.WORKLOADS["synthetic"], args, lambda message: None)
+    assert calls == order
+    if "ceiling" not in parts:
+        assert "ceiling_agent_steps_per_s" not in out and "ratio_to_ceiling" not in out
+        return
+    assert len(out["ceiling_per_round"]) == rounds
+    cost = 1 / 1e6 + 1 / out["inference"]["agent_steps_per_s"] + 1 / out["learner"]["agent_steps_per_s"]
+    assert out["ceiling_agent_steps_per_s"] == pytest.approx(2 / cost)
+    if rounds == 2:
+        # Both rounds cost 3 ms of core time per step (1 + 2, then 2 + 1): the ceiling is 2/3 ms.
+        assert out["ceiling_per_round"] == pytest.approx([2 / (3e-3 + 1e-6)] * 2)
+        assert out["inference"]["rounds_agent_steps_per_s"] == [1000.0, 500.0]
+    if "e2e" in parts:
+        assert out["ratio_to_ceiling"] == pytest.approx(400.0 / out["ceiling_agent_steps_per_s"])
+        assert out["ratio_to_ceiling_per_round"] == pytest.approx([400.0 / c for c in out["ceiling_per_round"]])
+        assert "ratio to ceiling" in bench.summary([out])
 
 
 def test_workload_env_args_round_trip_through_the_env_arg_parser():
