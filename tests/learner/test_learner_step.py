@@ -257,6 +257,51 @@ def test_impala_network_replicas_match_one_replica(torso, lstm):
     assert any(not np.allclose(base[n], initial[n]) for n in base)
 
 
+def test_get_params_reads_the_real_networks_variables_now(batches):
+    """The TF network's parameters are read in one tf.function call: the same names and
+    values as the network's own eager read, the step counter with them, and fresh values
+    after a step and after set_params (nothing cached)."""
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.specs import ArraySpec
+
+    obs = {"pixels": ArraySpec("pixels", (36, 36, 3), "uint8")}
+    action = ArraySpec("action", (1,), "float32", minimum=-1.0, maximum=1.0)
+    learner = LearnerStep.from_config(make_replicator("cpu", num_replicas=2), NetworkConfig(torso="shallow", hidden_size=16),
+                                      obs, action, 3, 4)
+    assert learner._params_reader() is not None  # the one-call path, not the network's get_params
+
+    def check(want_version):
+        version, params = learner.get_params()
+        eager = learner.network.get_params()
+        assert version == want_version == int(learner.step.numpy())
+        assert list(params) == list(eager)
+        for name in eager:
+            np.testing.assert_array_equal(params[name], eager[name], err_msg=name)
+            assert params[name].dtype == np.float32 and params[name].flags.writeable
+        return params
+
+    before = check(0)
+    rng = np.random.default_rng(1)
+    batch = {}
+    for key, spec in learner.batch_spec.items():
+        if key.startswith("observation/"):
+            batch[key] = rng.integers(0, 256, size=spec.shape, dtype=np.uint8)
+        elif key == "step_type":
+            batch[key] = np.ones(spec.shape, np.uint8)
+        elif key == "discount":
+            batch[key] = np.ones(spec.shape, np.float32)
+        else:
+            batch[key] = rng.normal(size=spec.shape).astype(np.float32) - (3.0 if key == "behaviour_log_prob" else 0.0)
+    learner.train(batch)
+    after = check(1)
+    assert any(not np.array_equal(after[n], before[n]) for n in before)
+    learner.set_params(before)
+    restored = check(1)
+    assert all(np.array_equal(restored[n], before[n]) for n in before)
+    restored[next(iter(restored))][...] = 7.0  # a copy: the variables are untouched
+    assert not np.any(learner.get_params()[1][next(iter(restored))] == 7.0)
+
+
 def test_learner_on_single_frames_trains_like_the_learner_on_stacks():
     """The launcher's learner gets single frames ``frames/pixels`` [T+K, B, ...] and stacks
     them in its graph. With 1 and 2 replicas (the frames split along B) and with XLA, two
