@@ -36,10 +36,9 @@ The pieces run in ``--rounds`` rounds (default 2): the first before the end-to-e
 others after it, so the ceiling is measured on both sides of the window it is compared with.
 This host's speed drifts by tens of percent over minutes; one round of 10-second pieces
 before the run gave ratios from 0.82 to 0.99 for end-to-end rates within 1% of each other
-(eighth session). Each piece's
-rate is the harmonic mean of its rounds (the mean core-seconds per agent step, which is what
-the ceiling adds up); the JSON keeps every round's rate, and the ratio to each round's
-ceiling alone, so the spread stays visible.
+(eighth session). Each piece's rate is the harmonic mean of its rounds (the mean
+core-seconds per agent step, which is what the ceiling adds up); the JSON keeps every
+round's rate, and the ratio to each round's ceiling alone, so the spread stays visible.
 
 The ceiling. Every agent step costs core-seconds in three places: the actor steps the env
 (``1 / env_rate``) and runs the policy (``1 / inference_rate``), and the learner trains on
