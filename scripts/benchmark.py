@@ -762,9 +762,10 @@ def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
         for piece in PIECES:
             out[piece] = combine_rounds([r[piece] for r in rounds])
         if all("error" not in out[p] for p in PIECES):
+            rates = [out[p]["agent_steps_per_s"] for p in PIECES]
             out["cores"] = cores
-            out["ceiling_agent_steps_per_s"] = ceiling_agent_steps_per_s(*(out[p]["agent_steps_per_s"] for p in PIECES), cores)
-            out["cost_shares"] = cost_shares(*(out[p]["agent_steps_per_s"] for p in PIECES))
+            out["ceiling_agent_steps_per_s"] = ceiling_agent_steps_per_s(*rates, cores)
+            out["cost_shares"] = cost_shares(*rates)
             out["ceiling_per_round"] = [
                 ceiling_agent_steps_per_s(*(r[p]["agent_steps_per_s"] for p in PIECES), cores) for r in rounds
             ]

@@ -382,14 +382,12 @@ class NumpyNetwork:
             # slots 0..j: only those are computed (the rest stay zero), which halves the
             # recompute at K=3 (3 slot products for the two older frames instead of 6).
             frames = stacks.frames[t.key].items()
-            need: Dict[int, int] = {}
-            for j, item in enumerate(frames):
-                need[id(item)] = j + 1  # an item kept in several slots: its newest one
-            done = {key: None for key in need}
+            slot = {id(item): j for j, item in enumerate(frames)}  # an item in several slots: its newest
+            done: Dict[int, np.ndarray] = {}
             items = []
             for item in frames:
-                if done[id(item)] is None:
-                    done[id(item)] = frame_parts(item, need[id(item)])
+                if id(item) not in done:
+                    done[id(item)] = frame_parts(item, slot[id(item)] + 1)
                 items.append(done[id(item)])
             parts.replace(items)
         else:

@@ -268,7 +268,7 @@ def test_get_params_reads_the_real_networks_variables_now(batches):
     action = ArraySpec("action", (1,), "float32", minimum=-1.0, maximum=1.0)
     learner = LearnerStep.from_config(make_replicator("cpu", num_replicas=2), NetworkConfig(torso="shallow", hidden_size=16),
                                       obs, action, 3, 4)
-    assert learner._params_reader() is not None  # the one-call path, not the network's get_params
+    assert learner._params_reader is not None  # the one-call path, not the network's get_params
 
     def check(want_version):
         version, params = learner.get_params()
