@@ -32,13 +32,20 @@ For each workload it measures:
    ``--seconds`` later; rate = difference of ``agent_steps`` / difference of ``time``.
 3. The ratio of (2) to the ceiling (1) implies for the cores used.
 
-The pieces run in ``--rounds`` rounds (default 2): the first before the end-to-end run, the
-others after it, so the ceiling is measured on both sides of the window it is compared with.
-This host's speed drifts by tens of percent over minutes; one round of 10-second pieces
-before the run gave ratios from 0.82 to 0.99 for end-to-end rates within 1% of each other
-(eighth session). Each piece's rate is the harmonic mean of its rounds (the mean
-core-seconds per agent step, which is what the ceiling adds up); the JSON keeps every
-round's rate, and the ratio to each round's ceiling alone, so the spread stays visible.
+The pieces run while the end-to-end run is paused, right beside the window they are
+compared with: the window is cut into ``--slices`` slices (default 3, of ``--seconds /
+slices`` each), and the whole process tree (launcher and actor processes) is stopped with
+SIGSTOP for a round of the pieces after the warm-up and after each slice, then resumed with
+SIGCONT (each slice opens at the first metrics record written a second after the resume,
+so no slice spans a pause). This host's speed drifts by tens of percent over minutes (the
+same actor loop took 3.6 and 5.0 ms per step ten minutes apart in the tenth session, on an
+idle machine); pieces measured minutes away from the window gave ratios from 0.79 to 0.98
+for end-to-end rates within a few percent of each other (eighth and ninth sessions). Each
+piece's rate is the harmonic mean of its rounds (the mean core-seconds per agent step, which
+is what the ceiling adds up), the end-to-end rate is the slices' agent steps over their
+seconds, and the JSON keeps every round, every slice, and each slice's ratio to the
+ceiling of the two rounds beside it. With ``--parts ceiling`` alone, the pieces run in
+``--rounds`` rounds (default 2).
 
 The ceiling. Every agent step costs core-seconds in three places: the actor steps the env
 (``1 / env_rate``) and runs the policy (``1 / inference_rate``), and the learner trains on
@@ -57,7 +64,7 @@ Usage (from the repo root)::
     .venv/bin/python scripts/benchmark.py --json > bench.json
     .venv/bin/python scripts/benchmark.py --workloads synthetic --actors 32 --seconds 60 --warmup 30
     .venv/bin/python scripts/benchmark.py --parts ceiling --piece-seconds 5   # the pieces only
-    .venv/bin/python scripts/benchmark.py --rounds 3   # pieces before the run, and twice after it
+    .venv/bin/python scripts/benchmark.py --slices 5   # 5 slices of the window, 6 rounds of pieces
 
 Every subprocess is bounded by a timeout; the learner listens on loopback only.
 """
@@ -78,7 +85,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent
@@ -211,19 +218,22 @@ def read_metrics(path: Path) -> List[Dict[str, Any]]:
     return records
 
 
-def select_window(records: Sequence[Mapping[str, Any]], warmup: float, seconds: float) -> Optional[Dict[str, Any]]:
+def select_window(records: Sequence[Mapping[str, Any]], warmup: float, seconds: float,
+                  not_before: Optional[float] = None) -> Optional[Dict[str, Any]]:
     """The measurement window of a run's metrics records, or ``None`` while it is incomplete.
 
     ``t0`` is the time of the first record after a learner step; the window opens at the
-    first record at least ``warmup`` seconds after ``t0`` and closes at the first record at
-    least ``seconds`` after that. Returns the rates over the window (agent steps trained on
-    per second, learner steps per second) and window means of a few diagnostics.
+    first record at least ``warmup`` seconds after ``t0`` (and, given ``not_before``, written
+    at that wall-clock time or later) and closes at the first record at least ``seconds``
+    after that. Returns the rates over the window (agent steps trained on per second, learner
+    steps per second) and window means of a few diagnostics.
     """
     trained = [r for r in records if r.get("learner_step", 0) > 0 and "time" in r and "agent_steps" in r]
     if not trained:
         return None
     t0 = trained[0]["time"]
-    start = next((r for r in trained if r["time"] >= t0 + warmup), None)
+    opens = max(t0 + warmup, not_before if not_before is not None else -math.inf)
+    start = next((r for r in trained if r["time"] >= opens), None)
     if start is None:
         return None
     end = next((r for r in trained if r["time"] >= start["time"] + seconds), None)
@@ -246,12 +256,42 @@ def select_window(records: Sequence[Mapping[str, Any]], warmup: float, seconds: 
         "warmup_seconds": start["time"] - t0,
         "window_start_time": start["time"],
     }
-    for key in ("queue_fill", "policy_lag_mean", "time_share/wait_batch", "time_share/train", "time_share/publish",
-                "transport/megabytes_per_second"):
+    for key in WINDOW_DIAGNOSTICS:
         value = mean(key)
         if value is not None:
             window[key] = value
     return window
+
+
+WINDOW_DIAGNOSTICS = ("queue_fill", "policy_lag_mean", "time_share/wait_batch", "time_share/train",
+                      "time_share/publish", "transport/megabytes_per_second", "cores_learner", "cores_actors",
+                      "cores_machine")
+
+
+def combine_windows(windows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Slices of one run's measurement window as one window: the rates are the summed counts
+    over the summed seconds (the time the run was paused between slices is in neither), the
+    diagnostics are means weighted by each slice's seconds, and ``slices_agent_steps_per_s``
+    and ``slices`` (wall-clock start and seconds of each) keep the slices."""
+    if not windows:
+        raise ValueError("combine_windows needs at least one window.")
+    seconds = sum(w["window_seconds"] for w in windows)
+    out: Dict[str, Any] = {
+        "agent_steps_per_s": sum(w["window_agent_steps"] for w in windows) / seconds,
+        "learner_steps_per_s": sum(w["learner_steps_per_s"] * w["window_seconds"] for w in windows) / seconds,
+        "env_frames_per_s": sum(w["env_frames_per_s"] * w["window_seconds"] for w in windows) / seconds,
+        "window_seconds": seconds,
+        "window_agent_steps": sum(w["window_agent_steps"] for w in windows),
+        "warmup_seconds": windows[0]["warmup_seconds"],
+        "window_start_time": windows[0]["window_start_time"],
+    }
+    for key in WINDOW_DIAGNOSTICS:
+        have = [w for w in windows if key in w]
+        if have:
+            out[key] = sum(w[key] * w["window_seconds"] for w in have) / sum(w["window_seconds"] for w in have)
+    out["slices_agent_steps_per_s"] = [w["agent_steps_per_s"] for w in windows]
+    out["slices"] = [[w["window_start_time"], w["window_seconds"]] for w in windows]
+    return out
 
 
 # --------------------------------------------------------------------------- the pieces
@@ -484,11 +524,23 @@ def cpu_split(samples: Sequence[Mapping[str, Any]], start: float, end: float) ->
     return {f"cores_{k}": (b[k] - a[k]) / elapsed for k in ("learner", "actors", "machine")}
 
 
+def signal_tree(pid: int, sig: int) -> List[int]:
+    """Sends ``sig`` to ``pid`` and every process below it; returns the PIDs it reached."""
+    reached = []
+    for target in [pid] + _descendants(pid):
+        try:
+            os.kill(target, sig)
+            reached.append(target)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return reached
+
+
 def _stop_launch(proc: subprocess.Popen, timeout: float) -> Optional[int]:
     """SIGTERM (clean stop: final checkpoint, actors stopped); SIGKILL the tree after ``timeout``."""
     if proc.poll() is not None:
         return proc.returncode
-    tree = _descendants(proc.pid)
+    tree = signal_tree(proc.pid, signal.SIGCONT)  # a paused run takes no signal but SIGKILL
     proc.send_signal(signal.SIGTERM)
     try:
         return proc.wait(timeout=timeout)
@@ -521,8 +573,9 @@ def tree_rss_mb(root: int, descendants: Optional[Sequence[int]] = None) -> float
     return total_kb / 1024
 
 
-def measure_end_to_end(workload: Workload, args) -> Dict[str, Any]:
-    """Agent steps/s trained on through ``python -m impala_rep.launch`` (see module docstring)."""
+def measure_end_to_end(workload: Workload, args, between: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
+    """Agent steps/s trained on through ``python -m impala_rep.launch`` (see module docstring);
+    ``between`` as in :func:`run_launch_window`."""
     launch_args = ["--env", workload.env_id, "--actors", str(args.actors), "--learner", "cpu", "--network", NETWORK,
                    "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE),
                    "--frame-stack", str(FRAME_STACK), "--no-anneal"]
@@ -532,17 +585,92 @@ def measure_end_to_end(workload: Workload, args) -> Dict[str, Any]:
         launch_args += ["--actor-processes", str(args.actor_processes)]
     if args.learner_threads != "auto":
         launch_args += ["--learner-threads", str(args.learner_threads)]
-    result = run_launch_window(launch_args, args)
+    result = run_launch_window(launch_args, args, between)
     result.update(actors=args.actors, actor_processes=args.actor_processes or "launcher's choice")
     return result
 
 
-def run_launch_window(launch_args: Sequence[str], args) -> Dict[str, Any]:
+# After a pause, the slice opens at the first metrics record written this long after the
+# run was resumed (its first steps then run on caches the pieces have filled).
+SETTLE_SECONDS = 1.0
+
+
+def watch_run(proc: subprocess.Popen, metrics_path: Path, args, between: Optional[Callable[[int], None]] = None,
+              samples: Optional[List[Dict[str, Any]]] = None, log_path: Optional[Path] = None,
+              started: Optional[float] = None) -> Dict[str, Any]:
+    """Watches a running launcher's ``metrics.jsonl`` until its measurement window has closed.
+
+    Without ``between``: one window of ``args.seconds`` after ``args.warmup`` (see
+    :func:`select_window`). With it, the window is cut into ``args.slices`` slices of
+    ``args.seconds / args.slices``, and ``between(i)`` is called with the whole process tree
+    paused (SIGSTOP; SIGCONT after) once after the warm-up (``i = 0``) and after each slice:
+    what it measures then runs on an otherwise idle machine right beside the slices. Each
+    slice opens at the first record written :data:`SETTLE_SECONDS` after the run resumed, so
+    no slice spans a pause. Returns the slices combined (:func:`combine_windows`), with the
+    cores each part used over them, or ``error``.
+    """
+    samples = [] if samples is None else samples
+    started = time.monotonic() if started is None else started
+    slices = args.slices if between is not None else 1
+    deadline = started + args.startup_timeout + args.warmup + args.seconds + (slices + 9) * args.log_interval
+    windows: List[Dict[str, Any]] = []
+    not_before: Optional[float] = None
+    paused_for = 0.0
+    records: List[Dict[str, Any]] = []
+
+    def pause_for(i: int) -> float:
+        t = time.monotonic()
+        signal_tree(proc.pid, signal.SIGSTOP)
+        try:
+            between(i)
+        finally:
+            signal_tree(proc.pid, signal.SIGCONT)
+        return time.monotonic() - t
+
+    def log_end() -> str:
+        return f"; the launcher's log ends: {_log_tail(log_path)}" if log_path is not None else ""
+
+    # Before the first slice (with between): wait for the end of the warm-up, then pause.
+    warmed = between is None
+    while len(windows) < slices:
+        time.sleep(min(0.5, args.log_interval / 2))
+        samples.append(cpu_sample(proc.pid))
+        records = read_metrics(metrics_path)
+        if not warmed:
+            trained = [r for r in records if r.get("learner_step", 0) > 0 and "time" in r]
+            if trained and trained[-1]["time"] >= trained[0]["time"] + args.warmup:
+                paused_for += pause_for(0)
+                not_before, warmed = time.time() + SETTLE_SECONDS, True
+                continue
+        else:
+            window = select_window(records, args.warmup, args.seconds / slices, not_before)
+            if window is not None:
+                split = cpu_split(samples, window["window_start_time"], window["window_start_time"] + window["window_seconds"])
+                windows.append({**window, **(split or {})})
+                if between is not None:
+                    paused_for += pause_for(len(windows))
+                    not_before = time.time() + SETTLE_SECONDS
+                continue
+        if proc.poll() is not None:
+            return {"error": f"the launcher exited with code {proc.returncode} before the window closed{log_end()}"}
+        if time.monotonic() > deadline + paused_for:
+            trained = any(r.get("learner_step", 0) > 0 for r in records)
+            return {"error": (f"no complete window within {deadline + paused_for - started:.0f} s "
+                              + ("(training started; raise --startup-timeout or shorten --warmup/--seconds)"
+                                 if trained else "(no learner step yet; raise --startup-timeout)") + log_end())}
+    out = combine_windows(windows)
+    if between is not None:
+        out["paused_seconds"] = paused_for
+    return out
+
+
+def run_launch_window(launch_args: Sequence[str], args, between: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
     """Runs ``python -m impala_rep.launch LAUNCH_ARGS`` on a temporary logdir until the
-    measurement window (``args.warmup``, ``args.seconds``; see :func:`select_window`) has
-    closed, then stops it with SIGTERM. Returns the window's rates, the cores the learner
-    process, the actor processes and the machine used over it, the peak resident memory of
-    the whole process tree, and ``error`` with a sentence if the run failed or stalled.
+    measurement window (``args.warmup``, ``args.seconds``, and with ``between``
+    ``args.slices``; see :func:`watch_run`) has closed, then stops it with SIGTERM. Returns
+    the window's rates, the cores the learner process, the actor processes and the machine
+    used over it, the peak resident memory of the whole process tree, and ``error`` with a
+    sentence if the run failed or stalled.
 
     ``args`` also gives ``log_interval``, ``startup_timeout``, ``stop_timeout`` and
     ``keep_logdir``.
@@ -558,34 +686,13 @@ def run_launch_window(launch_args: Sequence[str], args) -> Dict[str, Any]:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
                                 start_new_session=True)
+        samples: List[Dict[str, Any]] = []
         try:
-            deadline = started + args.startup_timeout + args.warmup + args.seconds + 10 * args.log_interval
-            window = None
-            samples: List[Dict[str, Any]] = []
-            while window is None:
-                time.sleep(0.5)
-                samples.append(cpu_sample(proc.pid))
-                records = read_metrics(logdir / "run" / "metrics.jsonl")
-                window = select_window(records, args.warmup, args.seconds)
-                if proc.poll() is not None:
-                    result["error"] = (f"the launcher exited with code {proc.returncode} before the window closed; "
-                                       f"its log ends: {_log_tail(log_path)}")
-                    break
-                if time.monotonic() > deadline:
-                    trained = any(r.get("learner_step", 0) > 0 for r in records)
-                    result["error"] = (
-                        f"no complete window within {deadline - started:.0f} s "
-                        + ("(training started; raise --startup-timeout or shorten --warmup/--seconds)"
-                           if trained else "(no learner step yet; raise --startup-timeout)")
-                        + f"; the launcher's log ends: {_log_tail(log_path)}"
-                    )
-                    break
+            window = watch_run(proc, logdir / "run" / "metrics.jsonl", args, between, samples, log_path, started)
+            result.update(window)
             result["peak_rss_mb"] = round(max((sample["rss_mb"] for sample in samples), default=0.0))
-            if window is not None:
-                result.update(window)
-                split = cpu_split(samples, window["window_start_time"], window["window_start_time"] + window["window_seconds"])
-                if split is not None:
-                    result.update(split)
+            if "error" not in window:
+                records = read_metrics(logdir / "run" / "metrics.jsonl")
                 first = next(r for r in records if r.get("learner_step", 0) > 0)
                 result["first_record_after_s"] = first["time"] - started_wall
                 log_lines = log_path.read_text(errors="replace").splitlines()
@@ -649,10 +756,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=60.0, help="end-to-end measurement window (default 60)")
     parser.add_argument("--warmup", type=float, default=30.0,
                         help="seconds after the first learner step before the window opens (default 30)")
-    parser.add_argument("--piece-seconds", type=float, default=10.0, help="measurement time of each ceiling piece (default 10)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="rounds of the ceiling pieces, the first before the end-to-end run and the others after "
-                             "it; each piece's rate is the harmonic mean of its rounds (default 2)")
+    parser.add_argument("--piece-seconds", type=float, default=6.0,
+                        help="measurement time of each ceiling piece in each round (default 6)")
+    parser.add_argument("--slices", type=int, default=3,
+                        help="with both parts: the end-to-end window is cut into this many slices, and the run is "
+                             "paused for a round of the ceiling pieces after its warm-up and after each slice "
+                             "(default 3: 4 rounds)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="with --parts ceiling alone: rounds of the pieces (default 2); each piece's rate is the "
+                             "harmonic mean of its rounds")
     parser.add_argument("--cores", type=float, default=None,
                         help="cores the ceiling is computed for (default: the cores this process may use)")
     parser.add_argument("--log-interval", type=float, default=1.0, help="the run's metrics interval in seconds (default 1)")
@@ -678,8 +790,15 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds, got {getattr(args, name)}.")
     if args.warmup < 0:
         parser.error(f"--warmup must be zero or more seconds, got {args.warmup}.")
-    if args.rounds < 1:
+    if args.slices < 1:
+        parser.error(f"--slices must be at least 1, got {args.slices}.")
+    if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}.")
+    if args.rounds is not None and "e2e" in args.parts:
+        parser.error("--rounds is for --parts ceiling alone; with the end-to-end run the pieces run in its "
+                     "--slices + 1 pauses (set --slices).")
+    if args.rounds is None:
+        args.rounds = args.slices + 1 if "e2e" in args.parts and "ceiling" in args.parts else 2
     if args.cores is not None and not args.cores > 0:
         parser.error(f"--cores must be positive, got {args.cores}.")
     if args.seconds < 2 * args.log_interval:
@@ -736,9 +855,10 @@ PIECES = ("env", "inference", "learner")
 def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
     """The pieces in ``args.rounds`` rounds and the end-to-end run, for one workload.
 
-    With both parts, the first round of pieces runs before the end-to-end run and the others
-    after it, so that the ceiling is measured on both sides of the window it is compared with
-    (this host's speed drifts by tens of percent over minutes)."""
+    With both parts, the rounds run while the end-to-end run is paused: one after its
+    warm-up and one after each of its ``args.slices`` slices (:func:`watch_run`), so that the
+    ceiling is measured right beside the window it is compared with (this host's speed
+    drifts by tens of percent over minutes)."""
     out: Dict[str, Any] = {"workload": workload.name, "env_id": workload.env_id, "env_kwargs": dict(workload.env_kwargs),
                            "network": NETWORK, "unroll_length": UNROLL_LENGTH, "batch_size": BATCH_SIZE,
                            "frame_stack": FRAME_STACK}
@@ -746,18 +866,16 @@ def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
     ceiling = "ceiling" in args.parts
     rounds: List[Dict[str, Dict[str, Any]]] = []
 
-    def pieces_round():
+    def pieces_round(_slice: int = 0) -> None:
         label = f", round {len(rounds) + 1} of {args.rounds}" if args.rounds > 1 else ""
         rounds.append(measure_pieces(workload, args, report, label))
 
-    before = (1 if "e2e" in args.parts else args.rounds) if ceiling else 0
-    for _ in range(before):
-        pieces_round()
     if "e2e" in args.parts:
-        report(f"{workload.name}: end to end, {args.actors} actors, {args.warmup:.0f} s warm-up + {args.seconds:.0f} s ...")
-        out["end_to_end"] = measure_end_to_end(workload, args)
-    while ceiling and len(rounds) < args.rounds:
-        pieces_round()
+        report(f"{workload.name}: end to end, {args.actors} actors, {args.warmup:.0f} s warm-up + {args.seconds:.0f} s"
+               + (f" in {args.slices} slices, paused for the pieces" if ceiling else "") + " ...")
+        out["end_to_end"] = measure_end_to_end(workload, args, pieces_round if ceiling else None)
+    while ceiling and (not rounds or ("e2e" not in args.parts and len(rounds) < args.rounds)):
+        pieces_round()  # the pieces alone, or after an end-to-end run that failed before its first pause
     if rounds:
         for piece in PIECES:
             out[piece] = combine_rounds([r[piece] for r in rounds])
@@ -769,10 +887,17 @@ def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
             out["ceiling_per_round"] = [
                 ceiling_agent_steps_per_s(*(r[p]["agent_steps_per_s"] for p in PIECES), cores) for r in rounds
             ]
-    e2e = out.get("end_to_end", {}).get("agent_steps_per_s")
-    if e2e is not None and "ceiling_agent_steps_per_s" in out:
-        out["ratio_to_ceiling"] = e2e / out["ceiling_agent_steps_per_s"]
-        out["ratio_to_ceiling_per_round"] = [e2e / c for c in out["ceiling_per_round"]]
+    e2e = out.get("end_to_end", {})
+    if "agent_steps_per_s" in e2e and "ceiling_agent_steps_per_s" in out:
+        out["ratio_to_ceiling"] = e2e["agent_steps_per_s"] / out["ceiling_agent_steps_per_s"]
+        slice_rates = e2e.get("slices_agent_steps_per_s", [])
+        if slice_rates and len(rounds) == len(slice_rates) + 1:
+            # Slice i ran between rounds i and i+1: its ceiling is theirs.
+            out["ratio_to_ceiling_per_slice"] = [
+                rate / ceiling_agent_steps_per_s(
+                    *(combine_rounds([rounds[i][p], rounds[i + 1][p]])["agent_steps_per_s"] for p in PIECES), cores)
+                for i, rate in enumerate(slice_rates)
+            ]
     return out
 
 
@@ -797,7 +922,9 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
                          f"  (core-time per step: {shares})")
         if "end_to_end" in r:
             e = r["end_to_end"]
-            lines.append(f"  {'end to end, %d actors' % e['actors']:32s} {_fmt(e)}")
+            slices = e.get("slices_agent_steps_per_s", [])
+            spread = f"  (slices: {', '.join(f'{x:.1f}' for x in slices)})" if len(slices) > 1 else ""
+            lines.append(f"  {'end to end, %d actors' % e['actors']:32s} {_fmt(e)}{spread}")
             if "error" not in e:
                 lines.append(f"  {'':32s} over {e['window_seconds']:.1f} s; queue fill {e.get('queue_fill', float('nan')):.2f}, "
                              f"policy lag {e.get('policy_lag_mean', float('nan')):.1f}; plan: {e.get('plan', '?')}")
@@ -805,8 +932,9 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
                     lines.append(f"  {'':32s} cores used: learner process {e['cores_learner']:.2f}, actor processes "
                                  f"{e['cores_actors']:.2f}, whole machine {e['cores_machine']:.2f} of {r.get('cores', available_cores()):g}")
         if "ratio_to_ceiling" in r:
-            per_round = r.get("ratio_to_ceiling_per_round", [])
-            spread = f"  (each round's ceiling alone: {', '.join(f'{100 * x:.1f} %' for x in per_round)})" if len(per_round) > 1 else ""
+            per_slice = r.get("ratio_to_ceiling_per_slice", [])
+            spread = (f"  (each slice against the rounds beside it: {', '.join(f'{100 * x:.1f} %' for x in per_slice)})"
+                      if len(per_slice) > 1 else "")
             lines.append(f"  {'ratio to ceiling':32s} {100 * r['ratio_to_ceiling']:10.1f} %{spread}")
     return "\n".join(lines)
 

@@ -144,7 +144,9 @@ def test_read_metrics_skips_a_half_written_line(tmp_path):
         (["--seconds", "0"], "--seconds must be a positive number"),
         (["--seconds", "1", "--log-interval", "1"], "at least two metrics records"),
         (["--cores", "0"], "--cores must be positive"),
-        (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--parts", "ceiling", "--rounds", "0"], "--rounds must be at least 1"),
+        (["--rounds", "3"], "--rounds is for --parts ceiling alone"),
+        (["--slices", "0"], "--slices must be at least 1"),
         (["--learner-threads", "none"], "expected a positive number of threads or 'auto'"),
     ],
 )
@@ -161,6 +163,11 @@ def test_benchmark_defaults_cover_both_workloads():
     assert args.parts == ["ceiling", "e2e"]
     assert args.learner_threads == "auto" and bench.parse_args(["--learner-threads", "2"]).learner_threads == 2
     assert bench.inference_batch(bench.parse_args(["--actors", "64", "--actor-processes", "2"])) == 32
+    # The pieces run in the end-to-end run's pauses: after the warm-up and after each slice.
+    assert args.slices == 3 and args.rounds == 4
+    assert bench.parse_args(["--slices", "1"]).rounds == 2
+    assert bench.parse_args(["--parts", "ceiling"]).rounds == 2
+    assert bench.parse_args(["--parts", "ceiling", "--rounds", "3"]).rounds == 3
 
 
 def test_combine_rounds_takes_the_harmonic_mean_and_keeps_each_round():
@@ -176,16 +183,18 @@ def test_combine_rounds_takes_the_harmonic_mean_and_keeps_each_round():
         bench.combine_rounds([])
 
 
-@pytest.mark.parametrize("parts, rounds, order", [
-    (["ceiling", "e2e"], 2, ["pieces", "e2e", "pieces"]),
-    (["ceiling", "e2e"], 3, ["pieces", "e2e", "pieces", "pieces"]),
-    (["ceiling", "e2e"], 1, ["pieces", "e2e"]),
-    (["ceiling"], 2, ["pieces", "pieces"]),
-    (["e2e"], 2, ["e2e"]),
+@pytest.mark.parametrize("argv, order", [
+    ([], ["pieces", "slice", "pieces", "slice", "pieces", "slice", "pieces"]),
+    (["--slices", "1"], ["pieces", "slice", "pieces"]),
+    (["--parts", "ceiling"], ["pieces", "pieces"]),
+    (["--parts", "ceiling", "--rounds", "3"], ["pieces", "pieces", "pieces"]),
+    (["--parts", "e2e"], ["slice"]),
 ])
-def test_pieces_rounds_bracket_the_end_to_end_run(monkeypatch, parts, rounds, order):
+def test_pieces_rounds_run_in_the_pauses_beside_the_slices(monkeypatch, argv, order):
     calls = []
-    rates = iter([(1e6, 1000.0, 500.0), (1e6, 500.0, 1000.0), (1e6, 800.0, 800.0)])
+    # (env, inference, learner) agent steps/s of each round.
+    rates = iter([(1e6, 1000.0, 500.0), (1e6, 500.0, 1000.0), (1e6, 800.0, 800.0), (1e6, 1000.0, 1000.0)])
+    slice_rates = [400.0, 300.0, 450.0]
 
     def pieces(workload, args, report, label=""):
         calls.append("pieces")
@@ -193,29 +202,154 @@ def test_pieces_rounds_bracket_the_end_to_end_run(monkeypatch, parts, rounds, or
         return {"env": {"agent_steps_per_s": env}, "inference": {"agent_steps_per_s": inference},
                 "learner": {"agent_steps_per_s": learner}}
 
-    def e2e(workload, args):
-        calls.append("e2e")
-        return {"agent_steps_per_s": 400.0, "actors": 2, "window_seconds": 60.0}
+    def e2e(workload, args, between=None):
+        # What watch_run does: between(0) after the warm-up, between(i) after slice i.
+        n = args.slices if between is not None else 1
+        if between is not None:
+            between(0)
+        for i in range(n):
+            calls.append("slice")
+            if between is not None:
+                between(i + 1)
+        windows = [{"agent_steps_per_s": r, "window_agent_steps": r * 20.0, "window_seconds": 20.0,
+                    "learner_steps_per_s": r / 640, "env_frames_per_s": r, "warmup_seconds": 30.0,
+                    "window_start_time": 100.0 + 40 * i} for i, r in enumerate(slice_rates[:n])]
+        return {**bench.combine_windows(windows), "actors": 2}
 
     monkeypatch.setattr(bench, "measure_pieces", pieces)
     monkeypatch.setattr(bench, "measure_end_to_end", e2e)
-    args = bench.parse_args(["--workloads", "synthetic", "--parts", *parts, "--rounds", str(rounds), "--cores", "2"])
+    args = bench.parse_args(["--workloads", "synthetic", "--cores", "2", *argv])
     out = bench.run_workload(bench.WORKLOADS["synthetic"], args, lambda message: None)
     assert calls == order
-    if "ceiling" not in parts:
+    rounds = order.count("pieces")
+    if rounds == 0:
         assert "ceiling_agent_steps_per_s" not in out and "ratio_to_ceiling" not in out
         return
     assert len(out["ceiling_per_round"]) == rounds
     cost = 1 / 1e6 + 1 / out["inference"]["agent_steps_per_s"] + 1 / out["learner"]["agent_steps_per_s"]
     assert out["ceiling_agent_steps_per_s"] == pytest.approx(2 / cost)
-    if rounds == 2:
-        # Both rounds cost 3 ms of core time per step (1 + 2, then 2 + 1): the ceiling is 2/3 ms.
-        assert out["ceiling_per_round"] == pytest.approx([2 / (3e-3 + 1e-6)] * 2)
-        assert out["inference"]["rounds_agent_steps_per_s"] == [1000.0, 500.0]
-    if "e2e" in parts:
-        assert out["ratio_to_ceiling"] == pytest.approx(400.0 / out["ceiling_agent_steps_per_s"])
-        assert out["ratio_to_ceiling_per_round"] == pytest.approx([400.0 / c for c in out["ceiling_per_round"]])
-        assert "ratio to ceiling" in bench.summary([out])
+    # Rounds 1 and 2 both cost 3 ms of core time per step (1 + 2, then 2 + 1).
+    assert out["ceiling_per_round"][:2] == pytest.approx([2 / (3e-3 + 1e-6)] * 2)
+    assert out["inference"]["rounds_agent_steps_per_s"] == [1000.0, 500.0, 800.0, 1000.0][:rounds]
+    if "slice" not in order:
+        assert "ratio_to_ceiling" not in out
+        return
+    n = order.count("slice")
+    e2e_rate = sum(slice_rates[:n]) / n  # equal slice lengths
+    assert out["end_to_end"]["agent_steps_per_s"] == pytest.approx(e2e_rate)
+    assert out["ratio_to_ceiling"] == pytest.approx(e2e_rate / out["ceiling_agent_steps_per_s"])
+    # Slice i against the harmonic mean of rounds i and i+1: per step, rounds cost 3, 3, 2.5
+    # and 2 ms of core time (plus 1 us of env), so the slices' ceilings are 2/3, 2/2.75, 2/2.25 per ms.
+    per_step = [3e-3, 2.75e-3, 2.25e-3][:n]
+    assert out["ratio_to_ceiling_per_slice"] == pytest.approx(
+        [r / (2 / (c + 1e-6)) for r, c in zip(slice_rates, per_step)])
+    text = bench.summary([out])
+    assert "ratio to ceiling" in text
+    if n > 1:
+        assert "each slice against the rounds beside it" in text and "slices: 400.0, 300.0, 450.0" in text
+
+
+def test_combine_windows_sums_counts_and_weights_diagnostics_by_seconds():
+    windows = [
+        {"agent_steps_per_s": 100.0, "window_agent_steps": 1000, "window_seconds": 10.0, "learner_steps_per_s": 1.0,
+         "env_frames_per_s": 400.0, "warmup_seconds": 30.0, "window_start_time": 50.0, "queue_fill": 0.2,
+         "cores_actors": 1.0},
+        {"agent_steps_per_s": 200.0, "window_agent_steps": 6000, "window_seconds": 30.0, "learner_steps_per_s": 2.0,
+         "env_frames_per_s": 800.0, "warmup_seconds": 45.0, "window_start_time": 90.0, "queue_fill": 0.6},
+    ]
+    out = bench.combine_windows(windows)
+    assert out["agent_steps_per_s"] == pytest.approx(7000 / 40.0)  # not the mean of the rates, 150
+    assert out["window_seconds"] == 40.0 and out["window_agent_steps"] == 7000
+    assert out["learner_steps_per_s"] == pytest.approx((10 + 60) / 40.0)
+    assert out["env_frames_per_s"] == pytest.approx((4000 + 24000) / 40.0)
+    assert out["queue_fill"] == pytest.approx((0.2 * 10 + 0.6 * 30) / 40.0)
+    assert out["cores_actors"] == 1.0  # only the slice that has it
+    assert out["warmup_seconds"] == 30.0 and out["window_start_time"] == 50.0
+    assert out["slices_agent_steps_per_s"] == [100.0, 200.0] and out["slices"] == [[50.0, 10.0], [90.0, 30.0]]
+    assert bench.combine_windows(windows[:1])["slices_agent_steps_per_s"] == [100.0]
+    with pytest.raises(ValueError, match="at least one window"):
+        bench.combine_windows([])
+
+
+def test_select_window_not_before_opens_at_a_later_record():
+    records = _records(0, 20)  # records at t = 1000 .. 1019
+    window = bench.select_window(records, warmup=2.0, seconds=3.0, not_before=1010.5)
+    assert window["window_start_time"] == 1011.0 and window["window_seconds"] == pytest.approx(3.0)
+    assert bench.select_window(records, warmup=2.0, seconds=3.0, not_before=1017.5) is None  # not closed yet
+
+
+def _cpu_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+_FAKE_LAUNCHER = r"""
+import json, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # an 'actor process' that burns CPU
+print(child.pid, flush=True)
+steps = 0
+with open(sys.argv[1], "a") as f:
+    while True:
+        time.sleep(0.02)
+        steps += 20  # 20 agent steps per 20 ms of running: about 1000 per second while not paused
+        f.write(json.dumps({"time": time.time(), "learner_step": steps, "agent_steps": steps}) + "\n")
+        f.flush()
+"""
+
+
+def test_watch_run_pauses_the_whole_tree_between_slices_and_leaves_pauses_out(tmp_path):
+    import argparse
+    import signal
+
+    metrics = tmp_path / "metrics.jsonl"
+    proc = subprocess.Popen([sys.executable, "-c", _FAKE_LAUNCHER, str(metrics)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    child = int(proc.stdout.readline())
+    args = argparse.Namespace(slices=3, seconds=1.5, warmup=0.2, log_interval=0.1, startup_timeout=30.0)
+    seen = []
+
+    def between(i):
+        # Everything is stopped: no record is written and the busy child burns no CPU.
+        size, cpu = metrics.stat().st_size, _cpu_of(child)
+        time.sleep(1.0)  # twice a slice: a rate over a pause would fall below 1/3 of the real one
+        seen.append((i, metrics.stat().st_size == size, _cpu_of(child) - cpu))
+
+    try:
+        out = bench.watch_run(proc, metrics, args, between)
+        after = _cpu_of(child)
+        time.sleep(0.3)
+        resumed = _cpu_of(child) > after  # running again once the last pause is over
+    finally:
+        bench.signal_tree(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert [i for i, _, _ in seen] == [0, 1, 2, 3]
+    assert all(unchanged and ticks <= 2 for _, unchanged, ticks in seen), seen
+    assert resumed
+    assert len(out["slices_agent_steps_per_s"]) == 3 and out["paused_seconds"] >= 4.0
+    # About 1000/s in each slice (fewer when this machine is busy), never the rate over a pause.
+    assert all(500 < r <= 1050 for r in out["slices_agent_steps_per_s"]), out
+    assert out["window_seconds"] == pytest.approx(1.5, abs=0.5)
+    # Without between: one window, no pause.
+    metrics.unlink()
+    proc = subprocess.Popen([sys.executable, "-c", _FAKE_LAUNCHER, str(metrics)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    proc.stdout.readline()
+    try:
+        out = bench.watch_run(proc, metrics, args)
+    finally:
+        bench.signal_tree(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert len(out["slices"]) == 1 and "paused_seconds" not in out and 500 < out["agent_steps_per_s"] <= 1050
+
+
+def test_watch_run_reports_a_launcher_that_exits(tmp_path):
+    import argparse
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    args = argparse.Namespace(slices=2, seconds=1.0, warmup=0.0, log_interval=0.1, startup_timeout=30.0)
+    out = bench.watch_run(proc, tmp_path / "metrics.jsonl", args, lambda i: None)
+    assert "exited with code 3 before the window closed" in out["error"]
 
 
 def test_workload_env_args_round_trip_through_the_env_arg_parser():
