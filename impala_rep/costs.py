@@ -1,23 +1,26 @@
-"""What one agent step costs the actors, and the learner threads that follow (TensorFlow-free).
+"""What one agent step costs the actors and the learner, and the learner threads that follow (TensorFlow-free).
 
 When the learner shares a machine's cores with local actor processes, it should get the share
 of the cores that its work is of the whole. Per agent step, an actor pays the env step ``E``
 and the policy's forward pass ``F`` (NumPy, at the batch one actor process runs), and the
-learner pays a forward and a backward pass on the same input, about ``LEARNER_FACTOR * F``
-(a backward pass costs about two forwards). On the 2-core machine of docs/BENCHMARKS.md the
-shallow CNN's learner step cost 2.9-3.5 times the actor's forward pass per agent step.
-
-:func:`learner_threads` turns ``E`` and ``F`` into a thread count. The probe
-(``impala_rep.probe``) measures both in its short-lived subprocess with
-:func:`time_env_step` and :func:`time_policy_step`: CPU time, so a busy machine slows the
+learner pays its V-trace step ``L`` (a forward and a backward pass on the same input, on one
+thread). The env probe (``impala_rep.probe``) measures ``E`` and ``F`` in its short-lived
+subprocess with :func:`time_env_step` and :func:`time_policy_step`; the learner probe
+(``learner.probe``, TensorFlow) measures ``L``. All CPU time, so a busy machine slows the
 measurement but does not skew it.
+
+Without a measured ``L``, it is estimated as ``LEARNER_FACTOR * F`` (a backward pass costs
+about two forwards). That held on the 2-core Intel host of the first sessions (the shallow
+CNN's learner step cost 2.9-3.5 times the actor's forward pass per agent step) but not on
+the AMD EPYC host of the eleventh (about 1.5: TensorFlow's kernels gained more than NumPy's
+there), where the estimate gave the learner a thread too many.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
@@ -30,26 +33,32 @@ LEARNER_FACTOR = 3.0
 _ROUND_UP_PAST = 0.25
 
 
-def learner_share(cores: int, env_seconds: float, forward_seconds: float) -> float:
-    """The cores the learner's work is of the whole: ``cores * L / (E + F + L)``, ``L = LEARNER_FACTOR * F``.
+def learner_share(cores: int, env_seconds: float, forward_seconds: float,
+                  learner_seconds: Optional[float] = None) -> float:
+    """The cores the learner's work is of the whole: ``cores * L / (E + F + L)``.
 
-    ``env_seconds`` and ``forward_seconds`` are CPU seconds per agent step of the env step and
-    of the actor's policy forward pass. Nothing costing anything gives the learner every core.
+    ``env_seconds``, ``forward_seconds`` and ``learner_seconds`` are CPU seconds per agent step
+    of the env step, the actor's policy forward pass and the learner step (``L``; None:
+    ``LEARNER_FACTOR * F``). Nothing costing anything gives the learner every core.
     """
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
         raise ValueError(f"cores must be a positive integer, got {cores!r}.")
-    for name, value in (("env_seconds", env_seconds), ("forward_seconds", forward_seconds)):
+    named = [("env_seconds", env_seconds), ("forward_seconds", forward_seconds)]
+    if learner_seconds is not None:
+        named.append(("learner_seconds", learner_seconds))
+    for name, value in named:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be a finite number of seconds (0 or more), got {value!r}.")
-    learner = LEARNER_FACTOR * forward_seconds
+    learner = LEARNER_FACTOR * forward_seconds if learner_seconds is None else learner_seconds
     total = env_seconds + forward_seconds + learner
     return float(cores) if total <= 0 else cores * learner / total
 
 
-def learner_threads(cores: int, env_seconds: float, forward_seconds: float) -> int:
+def learner_threads(cores: int, env_seconds: float, forward_seconds: float,
+                    learner_seconds: Optional[float] = None) -> int:
     """TensorFlow threads for a learner sharing ``cores`` with the actors: its :func:`learner_share`,
     rounded up once it passes a whole number by a quarter core, at least 1 and at most ``cores``."""
-    share = learner_share(cores, env_seconds, forward_seconds)
+    share = learner_share(cores, env_seconds, forward_seconds, learner_seconds)
     return max(1, min(cores, math.ceil(share - _ROUND_UP_PAST)))
 
 

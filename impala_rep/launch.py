@@ -55,11 +55,13 @@ def parse_learner_threads(text: str):
 def choose_learner_threads(requested, cores: int, costs, fallback: int = 1) -> tuple:
     """The learner's TensorFlow threads and why: ``requested`` if a number, else from ``costs``.
 
-    ``costs`` is what :func:`impala_rep.probe.probe_env` measured; without it (None, or an
-    ``error`` entry) the learner gets ``fallback`` threads (the launcher: the cores the actor
-    processes leave, at least one).
+    ``costs`` is what :func:`impala_rep.probe.probe_env` measured (``env``, ``policy``), with
+    the learner step :func:`learner.probe.probe_learner_cost` measured under ``learner`` (or
+    its sentence under ``learner_error``: the step is then estimated from the policy's cost).
+    Without the actors' costs (None, or an ``error`` entry) the learner gets ``fallback``
+    threads (the launcher: the cores the actor processes leave, at least one).
     """
-    from impala_rep.costs import learner_share, learner_threads
+    from impala_rep.costs import LEARNER_FACTOR, learner_share, learner_threads
 
     if requested != "auto":
         return requested, "--learner-threads"
@@ -67,10 +69,29 @@ def choose_learner_threads(requested, cores: int, costs, fallback: int = 1) -> t
         reason = (costs or {}).get("error", "no step costs measured (the learner computes elsewhere)")
         return fallback, f"{reason}; the cores the actor processes leave"
     env_s, forward_s = costs["env"]["seconds_per_step"], costs["policy"]["seconds_per_step"]
-    threads = learner_threads(cores, env_s, forward_s)
-    share = learner_share(cores, env_s, forward_s)
-    return threads, (f"per agent step the env costs {1e3 * env_s:.2f} ms and the policy {1e3 * forward_s:.2f} ms "
-                     f"of CPU, so the learner's share of the work is {share:.2f} of {cores} cores")
+    learner_s = (costs.get("learner") or {}).get("seconds_per_step")
+    threads = learner_threads(cores, env_s, forward_s, learner_s)
+    share = learner_share(cores, env_s, forward_s, learner_s)
+    if learner_s is None:
+        why = costs.get("learner_error", "the learner step was not timed")
+        learner = f"the learner step an estimated {1e3 * LEARNER_FACTOR * forward_s:.2f} ms ({why})"
+    else:
+        learner = f"the learner step {1e3 * learner_s:.2f} ms"
+    return threads, (f"per agent step the env costs {1e3 * env_s:.2f} ms, the policy {1e3 * forward_s:.2f} ms "
+                     f"and {learner} of CPU, so the learner's share of the work is {share:.2f} of {cores} cores")
+
+
+def time_learner(config, env_spec, costs) -> None:
+    """Adds the learner step's measured cost to ``costs`` (``learner``), or why not (``learner_error``)."""
+    from learner.probe import probe_learner_cost
+
+    if not costs or "policy" not in costs or "env" not in costs:
+        return  # the thread count will not come from costs anyway
+    result = probe_learner_cost(config, env_spec)
+    if "error" in result:
+        costs["learner_error"] = result["error"]
+    else:
+        costs["learner"] = result
 
 
 def cpu_replicas(config, threads: int) -> tuple:
@@ -118,6 +139,8 @@ def main(argv=None) -> int:
         wanted = None if not by_cost else {
             "network": dict(config.network), "frame_stack": config.frame_stack, "batch": max(plan.envs_per_process)}
         env_spec, costs = probe_env(config.env, config.env_kwargs, costs=wanted)
+        if by_cost:
+            time_learner(config, env_spec, costs)
     except (ValueError, PlanError) as exc:
         parser.error(str(exc))
     log.info("plan: %s", plan.describe())

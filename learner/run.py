@@ -33,7 +33,7 @@ from impala_rep.specs import ArraySpec, EnvSpec, stacked_observation_specs, unro
 if TYPE_CHECKING:
     from learner.evaluator import EvalResult
 
-__all__ = ["Trainer", "main", "start_trainer"]
+__all__ = ["Trainer", "main", "make_learner_step", "start_trainer"]
 
 log = logging.getLogger("impala_rep.learner")
 
@@ -52,7 +52,6 @@ class Trainer:
         import tensorflow as tf
 
         from impala_rep.distributions import make_policy
-        from impala_rep.losses import LossConfig
         from impala_rep.networks import NetworkConfig
         from impala_rep.networks.numpy_backend import NumpyNetwork
         from impala_rep.replicator import make_replicator
@@ -61,7 +60,6 @@ class Trainer:
         from learner.params import ParameterStore
         from learner.queue import UnrollQueue
         from learner.server import LearnerServer
-        from learner.step import LearnerStep, OptimizerConfig
 
         self.config = config
         self.env_spec = env_spec
@@ -80,18 +78,7 @@ class Trainer:
         self.replicator = replicator or make_replicator(
             config.learner, num_replicas=config.replicas, tpu=config.tpu_address
         )
-        self.step = LearnerStep.from_config(
-            self.replicator,
-            self.network_config,
-            self.obs_specs,
-            env_spec.action,
-            unroll_length=config.unroll_length,
-            batch_size=config.batch_size,
-            loss_config=LossConfig(**config.loss),
-            optimizer_config=OptimizerConfig(**config.optimizer),
-            jit_compile=config.jit_compile,
-            frame_stack=self.frame_stack,
-        )
+        self.step = make_learner_step(config, env_spec, self.replicator)
         expected = {k for k in self.step.batch_spec}
         produced = {k for k in self.batch_spec()}
         if expected != produced:
@@ -354,6 +341,28 @@ class Trainer:
             r["learner_step"], r["agent_steps"], r["env_frames_per_s"], r["learner_steps_per_s"],
             ret, lag, 100 * r["queue_fill"],
         )
+
+
+def make_learner_step(config: RunConfig, env_spec: EnvSpec, replicator: Any):
+    """The replicated V-trace step a run of ``config`` trains with on ``env_spec`` (its network,
+    frame stack, unroll, batch, loss and optimizer), replicated by ``replicator``."""
+    from impala_rep.losses import LossConfig
+    from impala_rep.networks import NetworkConfig
+    from learner.step import LearnerStep, OptimizerConfig
+
+    frame_stack = frame_stack_keys(env_spec.observations, config.frame_stack)
+    return LearnerStep.from_config(
+        replicator,
+        NetworkConfig(**config.network),
+        stacked_observation_specs(env_spec.observations, frame_stack),
+        env_spec.action,
+        unroll_length=config.unroll_length,
+        batch_size=config.batch_size,
+        loss_config=LossConfig(**config.loss),
+        optimizer_config=OptimizerConfig(**config.optimizer),
+        jit_compile=config.jit_compile,
+        frame_stack=frame_stack,
+    )
 
 
 def configure_threads(learner_threads: Optional[int], cpu_replicas: int = 1) -> None:

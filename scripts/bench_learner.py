@@ -39,9 +39,9 @@ def run_one(args) -> dict:
     configure_threads(args.threads, replicas if args.kind == "cpu" else 1)
     replicator = make_replicator(args.kind, num_replicas=None if args.kind == "gpu" and replicas == 0 else replicas)
 
-    from impala_rep.framestack import aligned_empty
     from impala_rep.networks import NetworkConfig
     from impala_rep.specs import ArraySpec
+    from learner.probe import synthetic_batch
     from learner.step import LearnerStep
 
     h, w, c = args.obs_shape
@@ -51,22 +51,7 @@ def run_one(args) -> dict:
         replicator, NetworkConfig(torso=torso), obs, action, args.unroll_length, args.batch_size,
         jit_compile=args.xla, frame_stack={"pixels": args.frame_stack},
     )
-    rng = np.random.default_rng(0)
-    batch = {}
-    for key, spec in learner.batch_spec.items():
-        if key.startswith(("observation/", "frames/")):
-            batch[key] = rng.integers(0, 256, size=spec.shape, dtype=np.uint8)
-        elif key == "step_type":
-            batch[key] = np.ones(spec.shape, np.uint8)
-        elif key == "discount":
-            batch[key] = np.ones(spec.shape, np.float32)
-        elif key == "behaviour_log_prob":
-            batch[key] = np.full(spec.shape, -1.5, np.float32)
-        else:
-            batch[key] = (0.3 * rng.normal(size=spec.shape)).astype(spec.dtype)
-    for key, value in batch.items():  # laid out as the learner's batcher lays them out (64-byte aligned)
-        batch[key] = aligned_empty(value.shape, value.dtype)
-        batch[key][...] = value
+    batch = synthetic_batch(learner.batch_spec, np.random.default_rng(0))  # laid out as the batcher lays it out
 
     start = time.perf_counter()
     learner.train(batch)  # trace + compile

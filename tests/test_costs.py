@@ -31,6 +31,20 @@ def test_learner_share_rounds_up_only_past_a_quarter_core():
     assert learner_threads(10, env, forward) == 3  # 3.0 cores
 
 
+def test_a_measured_learner_step_replaces_the_estimate():
+    # The synthetic workload on the eleventh session's host: no env cost, policy 0.14 ms, the
+    # learner step 0.22 ms measured (1.5x the policy, not LEARNER_FACTOR = 3x). The estimate
+    # asks for 2 threads (share 1.5 of 2 cores), the measurement for 1 (share 1.22).
+    assert learner_threads(2, 0.0, 0.14e-3) == 2
+    assert learner_threads(2, 0.0, 0.14e-3, 0.22e-3) == 1
+    # The first sessions' host: the step cost 3.2x the policy, and the measurement agrees with the estimate.
+    assert learner_threads(2, 0.0, 0.27e-3, 0.87e-3) == 2
+    # A learner step that costs nothing leaves the learner its floor of one thread.
+    assert learner_threads(8, 1e-3, 1e-4, 0.0) == 1
+    with pytest.raises(ValueError, match="learner_seconds must be a finite number"):
+        learner_threads(2, 0.0, 1e-4, float("inf"))
+
+
 @pytest.mark.parametrize("cores, env, forward, message", [
     (0, 0.0, 1e-3, "cores must be a positive integer"),
     (True, 0.0, 1e-3, "cores must be a positive integer"),

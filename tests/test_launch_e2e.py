@@ -36,8 +36,9 @@ def test_catch_is_learned_then_evaluated_then_resumed(tmp_path):
     logdir = str(tmp_path / "run")
     proc = launch(*CATCH, "--actors", "4", "--total-steps", "128000", "--logdir", logdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # The learner's threads were sized from the costs the probe measured.
-    assert re.search(r"learner threads: \d+ \(per agent step the env costs \d+\.\d+ ms", proc.stderr), proc.stderr[-3000:]
+    # The learner's threads were sized from the costs the probes measured (the learner step's too).
+    assert re.search(r"learner threads: \d+ \(per agent step the env costs \d+\.\d+ ms, the policy \d+\.\d+ ms "
+                     r"and the learner step \d+\.\d+ ms of CPU", proc.stderr), proc.stderr[-3000:]
     records = metrics(logdir)
     assert records, "no progress was recorded"
     # A uniformly random catch policy averages about -0.6; learned is close to +1.

@@ -245,6 +245,14 @@ def test_launcher_sizes_learner_threads_from_the_probed_costs():
     dear_env = {"env": {"seconds_per_step": 1.4e-3}, "policy": {"seconds_per_step": 2.6e-4}}
     threads, why = choose_learner_threads("auto", 2, cheap_env, fallback=1)
     assert threads == 2 and "0.27 ms" in why
+    assert "the learner step an estimated 0.81 ms (the learner step was not timed)" in why
+    # The learner probe's measurement replaces the estimate (1.21 of 2 cores: one thread).
+    measured = dict(cheap_env, learner={"seconds_per_step": 2.2e-4})
+    threads, why = choose_learner_threads("auto", 2, dict(measured, policy={"seconds_per_step": 1.4e-4}), fallback=2)
+    assert threads == 1 and "the learner step 0.22 ms of CPU" in why and "1.21 of 2 cores" in why
+    failed = dict(cheap_env, learner_error="timing the learner step took more than 180 s")
+    threads, why = choose_learner_threads("auto", 2, failed, fallback=1)
+    assert threads == 2 and "an estimated 0.81 ms (timing the learner step took more than 180 s)" in why
     assert choose_learner_threads("auto", 2, dear_env, fallback=1)[0] == 1
     assert choose_learner_threads(4, 2, cheap_env, fallback=1) == (4, "--learner-threads")
     # Without costs (the policy could not be timed) the learner gets the cores the actors leave.
