@@ -4,7 +4,8 @@
 # (run 13: 64x64 pixels, action repeat 8, an 11-bin discretised policy, rewards scaled by
 # 1/8, gradient clip 1000, entropy cost 0.02, unrolls of 10 steps, batches of 8 unrolls,
 # learning-rate warm-up, then annealed linearly to 0 over the 1.6M agent-step budget, envs
-# out of phase (the dmc/ default); 54 minutes here, final greedy evaluation 756.7). Each
+# out of phase (the dmc/ default); 54 minutes on the first sessions' host, final greedy evaluation
+# 756.7; 17.6 minutes and 711.9 on the twelfth session's faster host, run 16). Each
 # checkpoint's policy (every 5 minutes) is evaluated on 10 greedy
 # episodes as it trains (RUN_DIR/eval). Extra
 # arguments go to `python -m impala_rep.launch` after them: a repeated flag overrides,
