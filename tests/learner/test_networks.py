@@ -372,11 +372,18 @@ def test_network_on_single_frames_equals_the_network_on_their_stacks(torso, lstm
     np.testing.assert_allclose(got_values.numpy(), want_values.numpy(), atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(got_params["mean"].numpy(), want_params["mean"].numpy(), atol=1e-5, rtol=1e-5)
     assert np.abs(want_values.numpy()).max() > 1e-3
+    # Gradients are compared by norm, per variable. The deep torso max-pools after its first
+    # convolution: where two inputs of a pool window lie within float32 rounding of each
+    # other, the two computations (equal but for rounding) can pick different maxima and
+    # route that gradient elsewhere. With the weights' unseeded initialisation that happened
+    # in about 1 process in 10 (0.055% of a kernel gradient's norm, against 1e-6 otherwise).
+    # A frame stacked wrongly, or left out of the backward pass, moves a gradient by far more.
     compared = 0
     for name, got, want in zip(net.named_variables, got_grads, want_grads):
         assert (got is None) == (want is None), name  # e.g. the log-std head takes no part in this loss
         if want is not None:
-            np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5, rtol=1e-4, err_msg=name)
+            error = np.linalg.norm(got.numpy() - want.numpy())
+            assert error <= 1e-2 * np.linalg.norm(want.numpy()) + 1e-5, (name, error, np.linalg.norm(want.numpy()))
             compared += 1
     assert compared >= len(net.named_variables) - 2
     # A changed frame in an older slot changes the output: the frames really are stacked.
