@@ -65,7 +65,7 @@ def choose_learner_threads(requested, cores: int, costs, fallback: int = 1) -> t
 
     if requested != "auto":
         return requested, "--learner-threads"
-    if not costs or "policy" not in costs or "env" not in costs:
+    if not has_actor_costs(costs):
         reason = (costs or {}).get("error", "no step costs measured (the learner computes elsewhere)")
         return fallback, f"{reason}; the cores the actor processes leave"
     env_s, forward_s = costs["env"]["seconds_per_step"], costs["policy"]["seconds_per_step"]
@@ -81,11 +81,16 @@ def choose_learner_threads(requested, cores: int, costs, fallback: int = 1) -> t
                      f"and {learner} of CPU, so the learner's share of the work is {share:.2f} of {cores} cores")
 
 
+def has_actor_costs(costs) -> bool:
+    """Whether the env probe timed both the env step and the policy (the thread count's inputs)."""
+    return bool(costs) and "env" in costs and "policy" in costs
+
+
 def time_learner(config, env_spec, costs) -> None:
     """Adds the learner step's measured cost to ``costs`` (``learner``), or why not (``learner_error``)."""
     from learner.probe import probe_learner_cost
 
-    if not costs or "policy" not in costs or "env" not in costs:
+    if not has_actor_costs(costs):
         return  # the thread count will not come from costs anyway
     result = probe_learner_cost(config, env_spec)
     if "error" in result:

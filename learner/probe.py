@@ -84,10 +84,10 @@ def time_learner_step(config: RunConfig, env_spec: EnvSpec, cpu_seconds: float =
         step.train(batch)
         steps += 1
     cpu = time.process_time() - cpu0
-    agent_steps = steps * config.unroll_length * config.batch_size
-    return {"steps": steps, "agent_steps_per_step": config.unroll_length * config.batch_size,
+    per_step = config.unroll_length * config.batch_size
+    return {"steps": steps, "agent_steps_per_step": per_step,
             "cpu_seconds": cpu, "wall_seconds": time.perf_counter() - wall0, "warmup_seconds": warmup_s,
-            "seconds_per_step": cpu / agent_steps}
+            "seconds_per_step": cpu / (steps * per_step)}
 
 
 def probe_learner_cost(config: RunConfig, env_spec: EnvSpec, timeout: float = PROBE_TIMEOUT_S) -> Dict[str, Any]:
@@ -106,7 +106,13 @@ def probe_learner_cost(config: RunConfig, env_spec: EnvSpec, timeout: float = PR
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": f"timing the learner step failed (exit code {proc.returncode}): {tail}"}
-    return json.loads(lines[-1])
+    try:
+        result = json.loads(lines[-1])
+    except ValueError:
+        result = None
+    if not isinstance(result, dict):
+        return {"error": f"timing the learner step printed no result, but: {lines[-1][:200]}"}
+    return result
 
 
 def _main() -> int:

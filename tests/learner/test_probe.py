@@ -57,3 +57,13 @@ def test_probe_runs_in_a_subprocess_and_reports_failures_as_sentences(catch_spec
     assert "no-such-torso" in broken["error"]
     slow = probe_learner_cost(config, catch_spec, timeout=0.01)
     assert slow == {"error": "timing the learner step took more than 0.01 s"}
+
+
+def test_probe_output_that_is_not_a_result_is_a_sentence(catch_spec, monkeypatch):
+    import subprocess
+
+    config = RunConfig(env="catch", unroll_length=5, batch_size=4)
+    for stdout in ("a stray line\n", "[1, 2]\n"):
+        monkeypatch.setattr(subprocess, "run", lambda *a, out=stdout, **k: subprocess.CompletedProcess(a, 0, out, ""))
+        result = probe_learner_cost(config, catch_spec)
+        assert result == {"error": f"timing the learner step printed no result, but: {stdout.strip()}"}
