@@ -270,13 +270,14 @@ class Trainer:
             except QueueClosed:
                 break
             t1 = time.perf_counter()
-            metrics = self.step.train(batch.tensors)
+            # The step and the read of its parameters for the actors, in one call.
+            metrics, (step, params) = self.step.train_and_read(batch.tensors)
             t2 = time.perf_counter()
             # Agent steps count what the actors produced: replayed unrolls were counted when fresh.
             self.agent_steps.assign_add(cfg.unroll_length * batch.fresh)
             replayed += batch.batch_size - batch.fresh
             trained += batch.batch_size
-            version = self.params.publish(self.step.get_params()[1], version=self.learner_step + 1)
+            version = self.params.publish(params, version=step + 1)
             t3 = time.perf_counter()
             self._timing["wait_batch"] += t1 - t0
             self._timing["train"] += t2 - t1

@@ -436,3 +436,52 @@ def test_step_on_shared_batches_matches_the_copied_step(batches, one_replica, mo
     for name in params_1:
         np.testing.assert_array_equal(params[name], params_1[name], err_msg=name)
     assert metrics == metrics_1
+
+
+def test_train_and_read_returns_the_steps_own_parameters(batches):
+    """train_and_read = train + get_params in one call: the same metrics and parameters as
+    the two calls on an identical learner, a version equal to the step counter, and
+    read-only arrays that the next step does not change (a snapshot, not the variables)."""
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.specs import ArraySpec
+    from learner.probe import synthetic_batch
+
+    obs = {"pixels": ArraySpec("pixels", (36, 36, 3), "uint8")}
+    action = ArraySpec("action", (1,), "float32", minimum=-1.0, maximum=1.0)
+
+    def make():
+        return LearnerStep.from_config(make_replicator("cpu", num_replicas=2),
+                                       NetworkConfig(torso="shallow", hidden_size=16), obs, action, 3, 4)
+
+    fused, plain = make(), make()
+    plain.set_params(fused.get_params()[1])  # the same starting point
+    assert fused._train_read_fn is not None  # the one-call path
+    rng = np.random.default_rng(2)
+    data = [synthetic_batch(fused.batch_spec, rng) for _ in range(2)]
+    for want_version, batch in enumerate(data, start=1):
+        metrics, (version, params) = fused.train_and_read(batch)
+        want_metrics = plain.train(batch)
+        _, want_params = plain.get_params()
+        assert version == want_version == int(fused.step.numpy())
+        assert metrics == pytest.approx(want_metrics, rel=1e-6)
+        assert list(params) == list(want_params)
+        for name in params:
+            np.testing.assert_array_equal(params[name], want_params[name], err_msg=name)
+            assert not params[name].flags.writeable
+        if want_version == 1:
+            first = {n: p.copy() for n, p in params.items()}
+            first_views = params
+    # The next step's update left the first step's snapshot as it was.
+    for name in first:
+        np.testing.assert_array_equal(first_views[name], first[name], err_msg=name)
+    assert any(not np.array_equal(params[n], first[n]) for n in first)
+
+    # A network without named_variables: the two calls, same result shape.
+    tiny = _tiny_learner(1)
+    assert tiny._train_read_fn is None
+    metrics, (version, params) = tiny.train_and_read(batches[0])
+    assert version == 1 and set(params) == {"kernel", "bias"} and "loss" in metrics
+    with pytest.raises(ValueError, match="the batch lacks 'reward'"):
+        tiny.train_and_read({k: v for k, v in batches[0].items() if k != "reward"})
+    with pytest.raises(ValueError, match="the batch lacks 'reward'"):
+        fused.train_and_read({k: v for k, v in data[0].items() if k != "reward"})
