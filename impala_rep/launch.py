@@ -18,7 +18,7 @@ from typing import Optional
 
 from impala_rep.plan import actor_process_env
 
-__all__ = ["main", "build_parser", "choose_learner_threads", "cpu_replicas"]
+__all__ = ["main", "build_parser", "choose_actor_processes", "choose_learner_threads", "cpu_replicas"]
 
 log = logging.getLogger("impala_rep.launch")
 
@@ -79,6 +79,22 @@ def choose_learner_threads(requested, cores: int, costs, fallback: int = 1) -> t
         learner = f"the learner step {1e3 * learner_s:.2f} ms"
     return threads, (f"per agent step the env costs {1e3 * env_s:.2f} ms, the policy {1e3 * forward_s:.2f} ms "
                      f"and {learner} of CPU, so the learner's share of the work is {share:.2f} of {cores} cores")
+
+
+def choose_actor_processes(config, cores: int, costs, planned: int, by_cost: bool) -> tuple:
+    """Actor processes and why: ``--actor-processes`` if given, else the actors' share of the
+    cores by measured cost when the learner computes on them (``by_cost``), else ``planned``
+    (one per core, as many as there are envs)."""
+    from impala_rep.costs import actor_processes
+
+    if config.actor_processes is not None:
+        return config.actor_processes, "--actor-processes"
+    if not by_cost or not has_actor_costs(costs):
+        return planned, "one per core"
+    learner_s = (costs.get("learner") or {}).get("seconds_per_step")
+    processes = actor_processes(cores, config.actors, costs["env"]["seconds_per_step"],
+                                costs["policy"]["seconds_per_step"], learner_s)
+    return processes, f"the cores the learner's share of the work leaves, rounded up, are {processes}"
 
 
 def has_actor_costs(costs) -> bool:
@@ -146,9 +162,14 @@ def main(argv=None) -> int:
         env_spec, costs = probe_env(config.env, config.env_kwargs, costs=wanted)
         if by_cost:
             time_learner(config, env_spec, costs)
+        # Only a CPU learner surely computes on these cores ('auto' may find an accelerator).
+        processes, processes_why = choose_actor_processes(config, available_cores(), costs, plan.processes,
+                                                          by_cost and config.learner == "cpu")
+        if processes != plan.processes:
+            plan = plan_actors(config.actors, config.env, config.env_kwargs, processes)
     except (ValueError, PlanError) as exc:
         parser.error(str(exc))
-    log.info("plan: %s", plan.describe())
+    log.info("plan: %s (%s)", plan.describe(), processes_why)
 
     # The learner gets its share of the cores by cost (impala_rep.costs). Measured on 2 cores
     # with the actors niced (docs/BENCHMARKS.md): pixel cartpole trains faster with 1 learner

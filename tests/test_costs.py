@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from dm_env import specs
 
-from impala_rep.costs import LEARNER_FACTOR, learner_threads, random_actions, time_env_step, time_policy_step
+from impala_rep.costs import LEARNER_FACTOR, actor_processes, learner_threads, random_actions, time_env_step, time_policy_step
 
 
 def test_learner_gets_its_share_of_the_cores():
@@ -54,6 +54,27 @@ def test_a_measured_learner_step_replaces_the_estimate():
 def test_learner_threads_rejects_bad_input(cores, env, forward, message):
     with pytest.raises(ValueError, match=message):
         learner_threads(cores, env, forward)
+
+
+def test_actor_processes_fill_the_cores_the_learner_leaves():
+    # Synthetic on the eleventh session's host: learner share 1.22 of 2 cores, actors 0.78: one process.
+    assert actor_processes(2, 32, 0.0, 0.14e-3, 0.22e-3) == 1
+    # Pixel cartpole as the twelfth session probed it: learner share 0.42, actors 1.58: two.
+    assert actor_processes(2, 32, 0.69e-3, 0.13e-3, 0.21e-3) == 2
+    # Never more processes than envs or cores, never fewer than one.
+    assert actor_processes(16, 3, 1e-3, 1e-4, 1e-4) == 3
+    assert actor_processes(4, 64, 1.0, 1e-4, 1e-4) == 4
+    assert actor_processes(1, 8, 0.0, 1e-4, 1.0) == 1
+    # A share just past a whole number (here 1.05 cores) does not earn a process of its own.
+    env = 1e-3
+    assert actor_processes(2, 32, env, 0.0, env * 0.95 / 1.05) == 1
+    assert actor_processes(2, 32, env, 0.0, env * 0.8 / 1.2) == 2
+
+
+@pytest.mark.parametrize("actors", [0, -1, True, 2.0])
+def test_actor_processes_rejects_bad_actors(actors):
+    with pytest.raises(ValueError, match="actors must be a positive integer"):
+        actor_processes(2, actors, 0.0, 1e-4)
 
 
 def test_random_actions_stay_in_the_spec():

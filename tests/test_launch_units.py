@@ -261,6 +261,27 @@ def test_launcher_sizes_learner_threads_from_the_probed_costs():
     assert threads == 6 and "could not time the policy" in why
 
 
+def test_launcher_sizes_actor_processes_from_the_probed_costs():
+    import types
+
+    from impala_rep.launch import choose_actor_processes
+
+    config = types.SimpleNamespace(actors=32, actor_processes=None)
+    synthetic = {"env": {"seconds_per_step": 0.0}, "policy": {"seconds_per_step": 1.4e-4},
+                 "learner": {"seconds_per_step": 2.2e-4}}
+    cartpole = {"env": {"seconds_per_step": 6.9e-4}, "policy": {"seconds_per_step": 1.3e-4},
+                "learner": {"seconds_per_step": 2.1e-4}}
+    processes, why = choose_actor_processes(config, 2, synthetic, planned=2, by_cost=True)
+    assert processes == 1 and "rounded up, are 1" in why
+    assert choose_actor_processes(config, 2, cartpole, planned=2, by_cost=True)[0] == 2
+    # Not a CPU learner, or no costs: the plan's one process per core.
+    assert choose_actor_processes(config, 2, synthetic, planned=2, by_cost=False) == (2, "one per core")
+    assert choose_actor_processes(config, 2, {"error": "could not time the policy"}, planned=2, by_cost=True) == (
+        2, "one per core")
+    config.actor_processes = 2
+    assert choose_actor_processes(config, 2, synthetic, planned=2, by_cost=True) == (2, "--actor-processes")
+
+
 def test_cpu_learner_gets_one_replica_per_thread_that_divides_the_batch():
     import dataclasses
 
