@@ -78,6 +78,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -573,9 +574,10 @@ def tree_rss_mb(root: int, descendants: Optional[Sequence[int]] = None) -> float
     return total_kb / 1024
 
 
-def measure_end_to_end(workload: Workload, args, between: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
+def measure_end_to_end(workload: Workload, args, between: Optional[Callable[[int], None]] = None,
+                       launch: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Agent steps/s trained on through ``python -m impala_rep.launch`` (see module docstring);
-    ``between`` as in :func:`run_launch_window`."""
+    ``between`` and ``launch`` as in :func:`run_launch_window`."""
     launch_args = ["--env", workload.env_id, "--actors", str(args.actors), "--learner", "cpu", "--network", NETWORK,
                    "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE),
                    "--frame-stack", str(FRAME_STACK), "--no-anneal"]
@@ -585,7 +587,7 @@ def measure_end_to_end(workload: Workload, args, between: Optional[Callable[[int
         launch_args += ["--actor-processes", str(args.actor_processes)]
     if args.learner_threads != "auto":
         launch_args += ["--learner-threads", str(args.learner_threads)]
-    result = run_launch_window(launch_args, args, between)
+    result = run_launch_window(launch_args, args, between, launch)
     result.update(actors=args.actors, actor_processes=args.actor_processes or "launcher's choice")
     return result
 
@@ -664,7 +666,8 @@ def watch_run(proc: subprocess.Popen, metrics_path: Path, args, between: Optiona
     return out
 
 
-def run_launch_window(launch_args: Sequence[str], args, between: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
+def run_launch_window(launch_args: Sequence[str], args, between: Optional[Callable[[int], None]] = None,
+                      launch: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Runs ``python -m impala_rep.launch LAUNCH_ARGS`` on a temporary logdir until the
     measurement window (``args.warmup``, ``args.seconds``, and with ``between``
     ``args.slices``; see :func:`watch_run`) has closed, then stops it with SIGTERM. Returns
@@ -673,7 +676,8 @@ def run_launch_window(launch_args: Sequence[str], args, between: Optional[Callab
     sentence if the run failed or stalled.
 
     ``args`` also gives ``log_interval``, ``startup_timeout``, ``stop_timeout`` and
-    ``keep_logdir``.
+    ``keep_logdir``. ``launch`` (a dict), if given, gets the launcher's log under ``log_path``
+    while it runs (``between`` reads its plan there).
     """
     logdir = Path(tempfile.mkdtemp(prefix="impala_bench_"))
     cmd = [sys.executable, "-m", "impala_rep.launch", *launch_args,
@@ -681,6 +685,8 @@ def run_launch_window(launch_args: Sequence[str], args, between: Optional[Callab
            "--log-interval", str(args.log_interval), "--checkpoint-interval", str(10 ** 7), "--bind", "127.0.0.1"]
     env = _env(threads_one=False)  # the launcher sets the actors' and the learner's thread budgets itself
     log_path = logdir / "launch.log"
+    if launch is not None:
+        launch["log_path"] = log_path
     started, started_wall = time.monotonic(), time.time()
     result: Dict[str, Any] = {"command": " ".join(cmd[1:]), "logdir": str(logdir / "run")}
     with open(log_path, "wb") as log:
@@ -807,10 +813,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def inference_batch(args) -> int:
-    """Envs per actor process in the end-to-end run (what the inference piece batches over)."""
+def inference_batch(args, planned: Optional[int] = None) -> int:
+    """Envs per actor process in the end-to-end run (what the inference piece batches over):
+    ``--batch``, else ``planned`` (the launcher's plan, :func:`planned_batch`), else one
+    process per core as ``--actor-processes`` or the cores give it."""
+    if args.batch or planned:
+        return args.batch or planned
     processes = args.actor_processes or min(args.actors, available_cores())
-    return args.batch or envs_per_process(args.actors, processes)
+    return envs_per_process(args.actors, processes)
+
+
+def planned_batch(log_path: Optional[Path]) -> Optional[int]:
+    """The most envs one actor process runs, from the last ``plan:`` line of a launcher's log
+    (``... in 1 process(es) (32 envs each) ...``; ``16/17 envs each`` gives 17); None without one."""
+    try:
+        lines = Path(log_path).read_text(errors="replace").splitlines() if log_path else []
+    except OSError:
+        return None
+    for line in reversed(lines):
+        found = re.search(r"plan: .* process\(es\) \(([\d/]+) envs each\)", line)
+        if found:
+            return max(int(n) for n in found.group(1).split("/"))
+    return None
 
 
 def combine_rounds(rounds: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -830,13 +854,14 @@ def combine_rounds(rounds: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-def measure_pieces(workload: Workload, args, report, label: str = "") -> Dict[str, Dict[str, Any]]:
-    """One round of the three ceiling pieces, each in its own one-thread process."""
+def measure_pieces(workload: Workload, args, report, label: str = "", batch: Optional[int] = None) -> Dict[str, Dict[str, Any]]:
+    """One round of the three ceiling pieces, each in its own one-thread process (the policy at
+    ``batch``, by default :func:`inference_batch`)."""
     common = ["--workloads", workload.name, "--piece-seconds", str(args.piece_seconds)]
     out: Dict[str, Dict[str, Any]] = {}
     report(f"{workload.name}{label}: env steps/s on one core ...")
     out["env"] = _run_child(["--child", "env"] + common, args.timeout)
-    batch = inference_batch(args)
+    batch = batch or inference_batch(args)
     report(f"{workload.name}{label}: policy inference at batch {batch} on one core ...")
     out["inference"] = _run_child(["--child", "inference", "--batch", str(batch)] + common, args.timeout)
     if "error" in out["inference"]:
@@ -864,16 +889,19 @@ def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
                            "frame_stack": FRAME_STACK}
     cores = args.cores or available_cores()
     ceiling = "ceiling" in args.parts
+    launch: Dict[str, Any] = {}
     rounds: List[Dict[str, Dict[str, Any]]] = []
 
     def pieces_round(_slice: int = 0) -> None:
         label = f", round {len(rounds) + 1} of {args.rounds}" if args.rounds > 1 else ""
-        rounds.append(measure_pieces(workload, args, report, label))
+        # The policy at the batch the launcher's actor processes run (it picks how many).
+        batch = inference_batch(args, planned_batch(launch.get("log_path")))
+        rounds.append(measure_pieces(workload, args, report, label, batch))
 
     if "e2e" in args.parts:
         report(f"{workload.name}: end to end, {args.actors} actors, {args.warmup:.0f} s warm-up + {args.seconds:.0f} s"
                + (f" in {args.slices} slices, paused for the pieces" if ceiling else "") + " ...")
-        out["end_to_end"] = measure_end_to_end(workload, args, pieces_round if ceiling else None)
+        out["end_to_end"] = measure_end_to_end(workload, args, pieces_round if ceiling else None, launch)
     while ceiling and (not rounds or ("e2e" not in args.parts and len(rounds) < args.rounds)):
         pieces_round()  # the pieces alone, or after an end-to-end run that failed before its first pause
     if rounds:

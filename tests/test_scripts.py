@@ -163,11 +163,25 @@ def test_benchmark_defaults_cover_both_workloads():
     assert args.parts == ["ceiling", "e2e"]
     assert args.learner_threads == "auto" and bench.parse_args(["--learner-threads", "2"]).learner_threads == 2
     assert bench.inference_batch(bench.parse_args(["--actors", "64", "--actor-processes", "2"])) == 32
+    assert bench.inference_batch(bench.parse_args(["--actors", "64"]), planned=64) == 64
+    assert bench.inference_batch(bench.parse_args(["--actors", "64", "--batch", "8"]), planned=64) == 8
     # The pieces run in the end-to-end run's pauses: after the warm-up and after each slice.
     assert args.slices == 3 and args.rounds == 4
     assert bench.parse_args(["--slices", "1"]).rounds == 2
     assert bench.parse_args(["--parts", "ceiling"]).rounds == 2
     assert bench.parse_args(["--parts", "ceiling", "--rounds", "3"]).rounds == 3
+
+
+def test_planned_batch_reads_the_launchers_last_plan_line(tmp_path):
+    log = tmp_path / "launch.log"
+    log.write_text("x plan: 33 actors in 2 process(es) (16/17 envs each); estimated memory 3.0 GiB (one per core)\n"
+                   "noise\n")
+    assert bench.planned_batch(log) == 17
+    log.write_text(log.read_text() + "x plan: 32 actors in 1 process(es) (32 envs each); estimated memory 2.0 GiB\n")
+    assert bench.planned_batch(log) == 32
+    log.write_text("the launcher stopped before its plan\n")
+    assert bench.planned_batch(log) is None
+    assert bench.planned_batch(tmp_path / "missing.log") is None and bench.planned_batch(None) is None
 
 
 def test_combine_rounds_takes_the_harmonic_mean_and_keeps_each_round():
@@ -190,19 +204,24 @@ def test_combine_rounds_takes_the_harmonic_mean_and_keeps_each_round():
     (["--parts", "ceiling", "--rounds", "3"], ["pieces", "pieces", "pieces"]),
     (["--parts", "e2e"], ["slice"]),
 ])
-def test_pieces_rounds_run_in_the_pauses_beside_the_slices(monkeypatch, argv, order):
-    calls = []
+def test_pieces_rounds_run_in_the_pauses_beside_the_slices(monkeypatch, tmp_path, argv, order):
+    calls, batches = [], []
     # (env, inference, learner) agent steps/s of each round.
     rates = iter([(1e6, 1000.0, 500.0), (1e6, 500.0, 1000.0), (1e6, 800.0, 800.0), (1e6, 1000.0, 1000.0)])
     slice_rates = [400.0, 300.0, 450.0]
 
-    def pieces(workload, args, report, label=""):
+    def pieces(workload, args, report, label="", batch=None):
         calls.append("pieces")
+        batches.append(batch)
         env, inference, learner = next(rates)
         return {"env": {"agent_steps_per_s": env}, "inference": {"agent_steps_per_s": inference},
                 "learner": {"agent_steps_per_s": learner}}
 
-    def e2e(workload, args, between=None):
+    def e2e(workload, args, between=None, launch=None):
+        # What run_launch_window does: the launcher's log, whose plan says 1 process of 32 envs.
+        log_path = tmp_path / "launch.log"
+        log_path.write_text("INFO impala_rep.launch: plan: 32 actors in 1 process(es) (32 envs each); estimated ...\n")
+        launch["log_path"] = log_path
         # What watch_run does: between(0) after the warm-up, between(i) after slice i.
         n = args.slices if between is not None else 1
         if between is not None:
@@ -218,9 +237,14 @@ def test_pieces_rounds_run_in_the_pauses_beside_the_slices(monkeypatch, argv, or
 
     monkeypatch.setattr(bench, "measure_pieces", pieces)
     monkeypatch.setattr(bench, "measure_end_to_end", e2e)
+    monkeypatch.setattr(bench, "available_cores", lambda: 2)
     args = bench.parse_args(["--workloads", "synthetic", "--cores", "2", *argv])
     out = bench.run_workload(bench.WORKLOADS["synthetic"], args, lambda message: None)
     assert calls == order
+    # The policy piece batches as the launcher's actor processes do: by its plan once it has one,
+    # else one process per core.
+    assert args.actors == 32 and bench.inference_batch(args) < 32
+    assert batches == [32 if "slice" in order else bench.inference_batch(args)] * order.count("pieces")
     rounds = order.count("pieces")
     if rounds == 0:
         assert "ceiling_agent_steps_per_s" not in out and "ratio_to_ceiling" not in out
