@@ -121,7 +121,8 @@ def add_actor_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("actors")
     g.add_argument("--actors", type=_positive_int, default=8, help="number of envs acting in parallel (default 8)")
     g.add_argument("--actor-processes", type=_positive_int, default=None,
-                   help="processes hosting the actors (default: chosen from the cores seen)")
+                   help="processes hosting the actors (default: for a CPU learner sized by cost, the cores its "
+                        "measured share of the work leaves; otherwise one per core)")
     g.add_argument("--max-actor-restarts", type=int, default=10, help="restarts per actor process before giving up")
     g.add_argument("--actor-nice", type=int, default=10,
                    help="CPU priority the actor processes give up, 0-19, so the learner sharing their cores runs "

@@ -755,7 +755,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="ceiling: the pieces in isolation; e2e: the launcher end to end (default both)")
     parser.add_argument("--actors", type=int, default=32, help="envs acting at once in the end-to-end run (default 32)")
     parser.add_argument("--actor-processes", type=int, default=None,
-                        help="actor processes in the end-to-end run (default: the launcher's choice, one per core)")
+                        help="actor processes in the end-to-end run (default: the launcher's choice: by cost for its CPU learner)")
     parser.add_argument("--learner-threads", type=parse_learner_threads, default="auto", metavar="N|auto",
                         help="the launcher's --learner-threads in the end-to-end run (default auto: sized from the "
                              "probed env and policy costs)")
