@@ -68,8 +68,7 @@ def choose_learner_threads(requested, cores: int, costs, fallback: int = 1) -> t
     if not has_actor_costs(costs):
         reason = (costs or {}).get("error", "no step costs measured (the learner computes elsewhere)")
         return fallback, f"{reason}; the cores the actor processes leave"
-    env_s, forward_s = costs["env"]["seconds_per_step"], costs["policy"]["seconds_per_step"]
-    learner_s = (costs.get("learner") or {}).get("seconds_per_step")
+    env_s, forward_s, learner_s = step_costs(costs)
     threads = learner_threads(cores, env_s, forward_s, learner_s)
     share = learner_share(cores, env_s, forward_s, learner_s)
     if learner_s is None:
@@ -91,15 +90,20 @@ def choose_actor_processes(config, cores: int, costs, planned: int, by_cost: boo
         return config.actor_processes, "--actor-processes"
     if not by_cost or not has_actor_costs(costs):
         return planned, "one per core"
-    learner_s = (costs.get("learner") or {}).get("seconds_per_step")
-    processes = actor_processes(cores, config.actors, costs["env"]["seconds_per_step"],
-                                costs["policy"]["seconds_per_step"], learner_s)
+    processes = actor_processes(cores, config.actors, *step_costs(costs))
     return processes, f"the cores the learner's share of the work leaves, rounded up, are {processes}"
 
 
 def has_actor_costs(costs) -> bool:
     """Whether the env probe timed both the env step and the policy (the thread count's inputs)."""
     return bool(costs) and "env" in costs and "policy" in costs
+
+
+def step_costs(costs) -> tuple:
+    """``(env, policy, learner)`` CPU seconds per agent step from probed costs that
+    :func:`has_actor_costs`; ``learner`` is None when the learner step was not timed."""
+    learner_s = (costs.get("learner") or {}).get("seconds_per_step")
+    return costs["env"]["seconds_per_step"], costs["policy"]["seconds_per_step"], learner_s
 
 
 def time_learner(config, env_spec, costs) -> None:
@@ -151,6 +155,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from impala_rep.flags import config_from_args
 
+    cores = available_cores()
     try:
         config = config_from_args(args)
         plan = plan_actors(config.actors, config.env, config.env_kwargs, config.actor_processes)
@@ -163,7 +168,7 @@ def main(argv=None) -> int:
         if by_cost:
             time_learner(config, env_spec, costs)
         # Only a CPU learner surely computes on these cores ('auto' may find an accelerator).
-        processes, processes_why = choose_actor_processes(config, available_cores(), costs, plan.processes,
+        processes, processes_why = choose_actor_processes(config, cores, costs, plan.processes,
                                                           by_cost and config.learner == "cpu")
         if processes != plan.processes:
             plan = plan_actors(config.actors, config.env, config.env_kwargs, processes)
@@ -175,7 +180,6 @@ def main(argv=None) -> int:
     # with the actors niced (docs/BENCHMARKS.md): pixel cartpole trains faster with 1 learner
     # thread than with 2 (546 vs 476 agent steps/s: the actors need the CPU), the env-free
     # synthetic workload with 2 (1,015 vs 804).
-    cores = available_cores()
     threads, why = choose_learner_threads(args.learner_threads, cores, costs, fallback=max(1, cores - plan.processes))
     log.info("learner threads: %d (%s)", threads, why)
     replicas, replicas_why = cpu_replicas(config, threads)

@@ -514,16 +514,20 @@ class LearnerStep:
             metrics = self.train(batch)
             return metrics, self.get_params()
         inputs = self._inputs(batch)
-        names, _ = self._params_reader
         with self._lock:
             metrics, values = self._train_read_fn(inputs)
-            metrics = {k: float(v) for k, v in metrics.items()}
-            version = int(values[-1].numpy())
-            params = {}
-            for name, value in zip(names, values):
-                params[name] = value.numpy()
+            return {k: float(v) for k, v in metrics.items()}, self._snapshot(values, copy=False)
+
+    def _snapshot(self, values, copy: bool) -> Tuple[int, Dict[str, np.ndarray]]:
+        """``(version, params)`` from the values the parameter read returned (every variable,
+        then the step counter): copies, or read-only views of the read's output."""
+        names, _ = self._params_reader
+        params = {}
+        for name, value in zip(names, values):
+            params[name] = np.array(value.numpy(), copy=True) if copy else value.numpy()
+            if not copy:
                 params[name].setflags(write=False)
-            return metrics, (version, params)
+        return int(values[-1].numpy()), params
 
     def _inputs(self, batch: Mapping[str, Any]) -> Dict[str, Any]:
         """The step's inputs from ``batch``, checked against the batch spec (``ValueError`` naming a mismatch)."""
@@ -562,9 +566,8 @@ class LearnerStep:
         """
         with self._lock:
             if self._params_reader is not None:
-                names, read = self._params_reader
-                values = read()  # every variable and the step counter in one call
-                return int(values[-1].numpy()), {n: np.array(v.numpy(), copy=True) for n, v in zip(names, values)}
+                _, read = self._params_reader
+                return self._snapshot(read(), copy=True)  # every variable and the step counter in one call
             version = int(self.optimizer.iterations.numpy())
             params = self.network.get_params()
             return version, {k: np.array(v, copy=True) for k, v in params.items()}

@@ -817,8 +817,10 @@ def inference_batch(args, planned: Optional[int] = None) -> int:
     """Envs per actor process in the end-to-end run (what the inference piece batches over):
     ``--batch``, else ``planned`` (the launcher's plan, :func:`planned_batch`), else one
     process per core as ``--actor-processes`` or the cores give it."""
-    if args.batch or planned:
-        return args.batch or planned
+    if args.batch:
+        return args.batch
+    if planned:
+        return planned
     processes = args.actor_processes or min(args.actors, available_cores())
     return envs_per_process(args.actors, processes)
 

@@ -182,6 +182,12 @@ def test_planned_batch_reads_the_launchers_last_plan_line(tmp_path):
     log.write_text("the launcher stopped before its plan\n")
     assert bench.planned_batch(log) is None
     assert bench.planned_batch(tmp_path / "missing.log") is None and bench.planned_batch(None) is None
+    # The line as the launcher writes it (ActorPlan.describe), so a change of its wording fails here.
+    from impala_rep.plan import plan_actors
+
+    plan = plan_actors(10, "catch", {}, processes=3, cores=2, memory_mb=24 * 1024)
+    log.write_text(f"10:00:00 impala_rep.launch INFO plan: {plan.describe()} (--actor-processes)\n")
+    assert bench.planned_batch(log) == 4
 
 
 def test_combine_rounds_takes_the_harmonic_mean_and_keeps_each_round():
