@@ -39,6 +39,12 @@ def test_catch_is_learned_then_evaluated_then_resumed(tmp_path):
     # The learner's threads were sized from the costs the probes measured (the learner step's too).
     assert re.search(r"learner threads: \d+ \(per agent step the env costs \d+\.\d+ ms, the policy \d+\.\d+ ms "
                      r"and the learner step \d+\.\d+ ms of CPU", proc.stderr), proc.stderr[-3000:]
+    # So were the actor processes, and the launcher started as many as its plan says.
+    plan = re.search(r"plan: 4 actors in (\d+) process\(es\) .*\(the cores the learner's share of the work "
+                     r"leaves, rounded up, are (\d+)\)", proc.stderr)
+    assert plan and plan.group(1) == plan.group(2), proc.stderr[-3000:]
+    started = [n for n in os.listdir(os.path.join(logdir, "actors")) if re.fullmatch(r"actor-\d+\.log", n)]
+    assert len(started) == int(plan.group(1)), started
     records = metrics(logdir)
     assert records, "no progress was recorded"
     # A uniformly random catch policy averages about -0.6; learned is close to +1.

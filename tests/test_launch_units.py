@@ -282,6 +282,31 @@ def test_launcher_sizes_actor_processes_from_the_probed_costs():
     assert choose_actor_processes(config, 2, synthetic, planned=2, by_cost=True) == (2, "--actor-processes")
 
 
+def test_launcher_starts_the_actor_processes_the_costs_ask_for(monkeypatch, caplog):
+    """main re-plans with the count by cost: 32 envs in 1 process where one per core gives 2."""
+    import learner.run
+    from impala_rep import launch, plan, probe
+
+    # The synthetic workload's costs: the learner's share is 1.22 of 2 cores.
+    def probe_env(env_id, env_kwargs, costs=None):
+        return "spec", {"env": {"seconds_per_step": 0.0}, "policy": {"seconds_per_step": 1.4e-4}}
+
+    monkeypatch.setattr(plan, "available_cores", lambda: 2)
+    monkeypatch.setattr(probe, "probe_env", probe_env)
+    monkeypatch.setattr(launch, "time_learner", lambda config, spec, c: c.update(learner={"seconds_per_step": 2.2e-4}))
+    monkeypatch.setattr(learner.run, "configure_logging", lambda: None)
+    monkeypatch.setattr(learner.run, "configure_threads", lambda threads, replicas: None)
+    monkeypatch.setattr(learner.run, "start_trainer", lambda config, spec: (None, None))  # stop before any process
+    with caplog.at_level("INFO", logger="impala_rep.launch"):
+        assert launch.main(["--env", "catch", "--actors", "32", "--learner", "cpu"]) == 2
+    assert "plan: 32 actors in 1 process(es) (32 envs each)" in caplog.text, caplog.text
+    assert "rounded up, are 1)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="impala_rep.launch"):
+        assert launch.main(["--env", "catch", "--actors", "32", "--learner", "cpu", "--actor-processes", "2"]) == 2
+    assert "plan: 32 actors in 2 process(es) (16 envs each)" in caplog.text and "(--actor-processes)" in caplog.text
+
+
 def test_cpu_learner_gets_one_replica_per_thread_that_divides_the_batch():
     import dataclasses
 
