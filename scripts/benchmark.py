@@ -395,9 +395,14 @@ def _child_inference_rate(workload: Workload, seconds: float, batch: int) -> Dic
             "action_shape": list(env_spec.action.shape)}
 
 
+def child_command(args: Sequence[str]) -> List[str]:
+    """The command that runs this script as a TF-free piece child (``--child env|inference``)."""
+    return [sys.executable, str(Path(__file__).resolve()), *args]
+
+
 def _run_child(args: List[str], timeout: float) -> Dict[str, Any]:
     """Runs this script as a one-thread TF-free child and returns its ``RESULT`` record."""
-    cmd = [sys.executable, str(Path(__file__).resolve())] + args
+    cmd = child_command(args)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=str(REPO))
     except subprocess.TimeoutExpired:
@@ -429,15 +434,21 @@ def learner_input(inference: Mapping[str, Any]) -> Tuple[List[int], int, int]:
     return [h, w, kc // k], k, int(action[0])
 
 
+def learner_command(seconds: float, timeout: float, obs_shape: Sequence[int], frame_stack: int,
+                    action_dims: int) -> List[str]:
+    """The learner piece's command: scripts/bench_learner.py on one CPU replica and one thread."""
+    return [sys.executable, str(SCRIPTS / "bench_learner.py"), "--torso", NETWORK, "--replicas", "1", "--kind", "cpu",
+            "--obs-shape", *[str(d) for d in obs_shape], "--frame-stack", str(frame_stack),
+            "--action-dims", str(action_dims),
+            "--threads", "1", "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE),
+            "--seconds", str(seconds), "--max-steps", "100000", "--warmup-seconds", str(max(2.0, seconds / 3)),
+            "--timeout", str(timeout), "--json"]
+
+
 def measure_learner(seconds: float, timeout: float, obs_shape: Sequence[int], frame_stack: int,
                     action_dims: int) -> Dict[str, Any]:
     """Learner frames/s on one CPU replica and one TensorFlow thread (scripts/bench_learner.py)."""
-    cmd = [sys.executable, str(SCRIPTS / "bench_learner.py"), "--torso", NETWORK, "--replicas", "1", "--kind", "cpu",
-           "--obs-shape", *[str(d) for d in obs_shape], "--frame-stack", str(frame_stack),
-           "--action-dims", str(action_dims),
-           "--threads", "1", "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE),
-           "--seconds", str(seconds), "--max-steps", "100000", "--warmup-seconds", str(max(2.0, seconds / 3)),
-           "--timeout", str(timeout), "--json"]
+    cmd = learner_command(seconds, timeout, obs_shape, frame_stack, action_dims)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=_env(), cwd=str(REPO))
     except subprocess.TimeoutExpired:

@@ -1,0 +1,237 @@
+#!/usr/bin/env python
+"""The ceiling pieces beside each other: how much each slows while another runs on the next core.
+
+``scripts/benchmark.py`` times each piece (env, policy inference, learner step) alone on an
+idle machine, and its ceiling assumes the pieces keep those rates when actors and learner
+share the machine. This script tests that assumption on one workload. It times:
+
+* each piece alone, as ``benchmark.py`` does (one process, one thread);
+* each actor-side piece (``env``, ``inference``) while the learner piece runs in another
+  process, and the learner piece while each actor-side piece runs.
+
+The neighbour starts first and gets ``--settle`` seconds (its imports, and the learner's
+graph tracing and warm-up) before the timed piece starts; it is stopped (its whole process
+group) as soon as the timed piece ends, and in any case runs at most ``--settle`` plus
+``--timeout`` seconds. Nothing else should run on the machine meanwhile.
+
+The report gives each piece's rate alone and beside its neighbour, the slowdown, and two
+ceilings for ``--cores`` (default: the cores this process may use):
+
+* ``ceiling_alone``: ``benchmark.py``'s formula on the rates alone;
+* ``ceiling_beside``: the same formula on the env and inference rates beside the learner,
+  and the learner's rate beside the actor-side piece that costs more per agent step (the
+  one an actor process spends most of its time in).
+
+The end-to-end rate cannot beat the second either, unless the pipeline overlaps work in a
+way the pieces do not; the gap between the two ceilings is the part of the pipeline's
+shortfall that is the machine's (shared caches and memory bandwidth), not the code's.
+
+    .venv/bin/python scripts/bench_contention.py --workload synthetic --seconds 12
+    .venv/bin/python scripts/bench_contention.py --workload dmc/cartpole-swingup --batch 16 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+SCRIPTS = Path(__file__).resolve().parent
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+import benchmark  # noqa: E402  (scripts/benchmark.py: the pieces and the ceiling formula)
+
+ACTOR_SIDE = ("env", "inference")
+
+
+def piece_command(piece: str, workload: str, batch: int, seconds: float, timeout: float,
+                  learner_input: Optional[tuple] = None) -> List[str]:
+    """The command that times ``piece`` for ``seconds`` (the learner needs ``learner_input``:
+    the frame shape, stack depth and action size the inference piece reports)."""
+    if piece in ACTOR_SIDE:
+        args = ["--child", piece, "--workloads", workload, "--piece-seconds", str(seconds)]
+        if piece == "inference":
+            args += ["--batch", str(batch)]
+        return benchmark.child_command(args)
+    if piece == "learner":
+        if learner_input is None:
+            raise ValueError("the learner piece needs the inference piece's input shapes; time inference first.")
+        return benchmark.learner_command(seconds, timeout, *learner_input)
+    raise ValueError(f"unknown piece {piece!r}; the pieces are env, inference and learner.")
+
+
+def parse_result(piece: str, stdout: str) -> Dict[str, Any]:
+    """A piece's record from its output (``RESULT {...}`` lines, or bench_learner's JSON list),
+    with its rate as ``agent_steps_per_s``."""
+    if piece in ACTOR_SIDE:
+        lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+        if not lines:
+            raise ValueError(f"the {piece} piece printed no RESULT line")
+        return json.loads(lines[-1][len("RESULT "):])
+    results = json.loads(stdout)
+    if not results or "error" in results[0]:
+        raise ValueError(f"the learner piece failed: {results[0].get('error') if results else 'no result'}")
+    return dict(results[0], agent_steps_per_s=results[0]["frames_per_s"])
+
+
+def run_piece(piece: str, command: List[str], timeout: float) -> Dict[str, Any]:
+    """Runs a timed piece to the end: its record (``agent_steps_per_s`` and the rest), or
+    ``{"error": sentence}``."""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=benchmark._env(), cwd=str(benchmark.REPO))
+    except subprocess.TimeoutExpired:
+        return {"error": f"the {piece} piece did not finish within {timeout:.0f} s; raise --timeout."}
+    if proc.returncode:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no output"
+        return {"error": f"the {piece} piece failed (exit code {proc.returncode}): {tail}"}
+    try:
+        return parse_result(piece, proc.stdout)
+    except (ValueError, KeyError, IndexError) as e:
+        return {"error": f"could not read the {piece} piece's rate: {e}."}
+
+
+def beside(piece: str, command: List[str], neighbour: str, neighbour_command: List[str], settle: float,
+           timeout: float, run: Callable[[str, List[str], float], Dict[str, Any]] = run_piece) -> Dict[str, Any]:
+    """Times ``piece`` while ``neighbour`` runs in its own process group, then stops the neighbour."""
+    proc = subprocess.Popen(neighbour_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=benchmark._env(), cwd=str(benchmark.REPO), start_new_session=True)
+    try:
+        time.sleep(settle)
+        if proc.poll() is not None:
+            return {"error": f"the {neighbour} piece beside it exited early (exit code {proc.returncode}); "
+                             f"run it alone to see why."}
+        result = run(piece, command, timeout)
+        if proc.poll() is not None:
+            result = {"error": f"the {neighbour} piece beside it ended before the {piece} piece did; "
+                               f"the neighbour's time is too short or it failed."}
+        return dict(result, beside=neighbour)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def summarise(alone: Mapping[str, float], beside_rates: Mapping[str, float], cores: float) -> Dict[str, Any]:
+    """Slowdowns and the two ceilings from the rates (agent steps/s) alone and beside.
+
+    ``beside_rates`` keys are ``"PIECE|NEIGHBOUR"``: ``env|learner``, ``inference|learner``,
+    ``learner|env`` and ``learner|inference``.
+    """
+    slowdown = {key: 1.0 - rate / alone[key.split("|")[0]] for key, rate in beside_rates.items()}
+    # The learner's neighbour in a run is mostly the actor-side piece that costs more per step.
+    heavier = "env" if 1.0 / alone["env"] >= 1.0 / alone["inference"] else "inference"
+    ceiling_alone = benchmark.ceiling_agent_steps_per_s(alone["env"], alone["inference"], alone["learner"], cores)
+    ceiling_beside = benchmark.ceiling_agent_steps_per_s(
+        beside_rates["env|learner"], beside_rates["inference|learner"], beside_rates[f"learner|{heavier}"], cores)
+    return {"slowdown": slowdown, "learner_neighbour": heavier, "ceiling_alone": ceiling_alone,
+            "ceiling_beside": ceiling_beside, "ceiling_beside_over_alone": ceiling_beside / ceiling_alone}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="synthetic", choices=list(benchmark.WORKLOADS),
+                        help="which workload's pieces (default synthetic)")
+    parser.add_argument("--batch", type=int, default=32,
+                        help="the policy's batch: envs per actor process (default 32, the launcher's plan for "
+                             "synthetic's 32 actors on 2 cores; 16 for pixel cartpole's 2 processes)")
+    parser.add_argument("--seconds", type=float, default=12.0, help="each timed piece's window (default 12)")
+    parser.add_argument("--settle", type=float, default=15.0,
+                        help="seconds the neighbour runs before the timed piece starts (default 15)")
+    parser.add_argument("--cores", type=float, default=None, help="cores for the ceilings (default: this process's)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="limit for each timed piece (default 300)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    args = parser.parse_args(argv)
+    for name in ("batch", "seconds", "settle", "timeout"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name} must be positive, got {getattr(args, name)}.")
+    if args.cores is not None and args.cores <= 0:
+        parser.error(f"--cores must be positive, got {args.cores}.")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if benchmark.available_cores() < 2:
+        print("error: timing pieces beside each other needs at least 2 cores; this process may use "
+              f"{benchmark.available_cores()}.", file=sys.stderr)
+        return 2
+    cores = args.cores or benchmark.available_cores()
+
+    def report(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    def command(piece: str, seconds: float, learner_input=None) -> List[str]:
+        # bench_learner stops its own child after its --timeout: past the piece's seconds.
+        return piece_command(piece, args.workload, args.batch, seconds, seconds + args.timeout, learner_input)
+
+    results: Dict[str, Dict[str, Any]] = {}
+    report(f"{args.workload}: inference alone (batch {args.batch}) ...")
+    results["inference"] = run_piece("inference", command("inference", args.seconds), args.timeout)
+    if "error" in results["inference"]:
+        print(f"error: {results['inference']['error']}", file=sys.stderr)
+        return 1
+    # The learner trains on what the policy sees: its frames, stack depth and action size.
+    learner_input = benchmark.learner_input(results["inference"])
+    # The neighbour runs at most this long; it is stopped as soon as the timed piece ends.
+    long_seconds = args.settle + args.timeout
+    for piece in ("env", "learner"):
+        report(f"{args.workload}: {piece} alone ...")
+        results[piece] = run_piece(piece, command(piece, args.seconds, learner_input), args.timeout)
+    pairs = [("env", "learner"), ("inference", "learner"), ("learner", "env"), ("learner", "inference")]
+    for piece, neighbour in pairs:
+        report(f"{args.workload}: {piece} beside {neighbour} ...")
+        results[f"{piece}|{neighbour}"] = beside(
+            piece, command(piece, args.seconds, learner_input), neighbour,
+            command(neighbour, long_seconds, learner_input), args.settle, args.timeout)
+    out: Dict[str, Any] = {"machine": benchmark.machine_info(), "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                           "settings": vars(args), "cores": cores,
+                           "pieces": {k: {f: v[f] for f in ("agent_steps_per_s", "error", "beside") if f in v}
+                                      for k, v in results.items()}}
+    errors = {k: v["error"] for k, v in results.items() if "error" in v}
+    if errors:
+        out["errors"] = errors
+    else:
+        rates = {k: v["agent_steps_per_s"] for k, v in results.items()}
+        out.update(summarise({k: rates[k] for k in ("env", "inference", "learner")},
+                             {k: v for k, v in rates.items() if "|" in k}, cores))
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(summary(out))
+    return 1 if errors else 0
+
+
+def summary(out: Mapping[str, Any]) -> str:
+    pieces = out["pieces"]
+    lines = [f"== {out['settings']['workload']} (batch {out['settings']['batch']}), agent steps/s on one core"]
+    for piece in ("env", "inference", "learner"):
+        row = f"  {piece:<10} alone {pieces[piece].get('agent_steps_per_s', float('nan')):>11,.1f}"
+        for key, value in pieces.items():
+            if key.startswith(piece + "|"):
+                rate = value.get("agent_steps_per_s")
+                if rate is None:
+                    row += f"   beside {key.split('|')[1]}: {value['error']}"
+                else:
+                    row += f"   beside {key.split('|')[1]} {rate:>11,.1f}"
+                    if key in out.get("slowdown", {}):
+                        row += f" ({out['slowdown'][key]:.1%} slower)"
+        lines.append(row)
+    if "ceiling_alone" in out:
+        lines.append(f"  ceiling on {out['cores']:g} cores: alone {out['ceiling_alone']:,.1f}, beside "
+                     f"{out['ceiling_beside']:,.1f} ({out['ceiling_beside_over_alone']:.3f} of it; the learner "
+                     f"beside {out['learner_neighbour']})")
+    for key, error in out.get("errors", {}).items():
+        lines.append(f"  {key}: {error}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
