@@ -222,7 +222,8 @@ def summary(out: Mapping[str, Any]) -> str:
                 else:
                     row += f"   beside {key.split('|')[1]} {rate:>11,.1f}"
                     if key in out.get("slowdown", {}):
-                        row += f" ({out['slowdown'][key]:.1%} slower)"
+                        slow = out["slowdown"][key]
+                        row += f" ({slow:.1%} slower)" if slow >= 0 else f" ({-slow:.1%} faster)"
         lines.append(row)
     if "ceiling_alone" in out:
         lines.append(f"  ceiling on {out['cores']:g} cores: alone {out['ceiling_alone']:,.1f}, beside "

@@ -158,3 +158,12 @@ def test_summary_names_failures_and_prints_the_ceilings(bc):
     assert "inference  alone     7,000.0   beside learner     6,650.0" in text
     assert "learner|inference: the inference piece beside it exited early" in text
     assert "ceiling" not in text
+
+
+def test_summary_says_faster_for_a_negative_slowdown(bc):
+    out = {"settings": {"workload": "synthetic", "batch": 32}, "cores": 2,
+           "pieces": {"inference": {"agent_steps_per_s": 7000.0}, "env": {"agent_steps_per_s": 600000.0},
+                      "learner": {"agent_steps_per_s": 4000.0},
+                      "learner|env": {"agent_steps_per_s": 4080.0, "beside": "env"}},
+           "slowdown": {"learner|env": -0.02}}
+    assert "beside env     4,080.0 (2.0% faster)" in bc.summary(out)
