@@ -51,56 +51,44 @@ import benchmark  # noqa: E402  (scripts/benchmark.py: the pieces and the ceilin
 ACTOR_SIDE = ("env", "inference")
 
 
+def check_piece(piece: str, learner_input: Optional[tuple]) -> None:
+    """``ValueError`` for an unknown piece, or for the learner without its input shapes."""
+    if piece not in ACTOR_SIDE + ("learner",):
+        raise ValueError(f"unknown piece {piece!r}; the pieces are env, inference and learner.")
+    if piece == "learner" and learner_input is None:
+        raise ValueError("the learner piece needs the inference piece's input shapes; time inference first.")
+
+
+def child_args(piece: str, workload: str, batch: int, seconds: float) -> List[str]:
+    """``benchmark.py``'s arguments that time an actor-side piece (``env``, ``inference``)."""
+    args = ["--child", piece, "--workloads", workload, "--piece-seconds", str(seconds)]
+    return args + ["--batch", str(batch)] if piece == "inference" else args
+
+
 def piece_command(piece: str, workload: str, batch: int, seconds: float, timeout: float,
                   learner_input: Optional[tuple] = None) -> List[str]:
-    """The command that times ``piece`` for ``seconds`` (the learner needs ``learner_input``:
+    """The command that runs ``piece`` for ``seconds`` (the learner needs ``learner_input``:
     the frame shape, stack depth and action size the inference piece reports)."""
+    check_piece(piece, learner_input)
     if piece in ACTOR_SIDE:
-        args = ["--child", piece, "--workloads", workload, "--piece-seconds", str(seconds)]
-        if piece == "inference":
-            args += ["--batch", str(batch)]
-        return benchmark.child_command(args)
-    if piece == "learner":
-        if learner_input is None:
-            raise ValueError("the learner piece needs the inference piece's input shapes; time inference first.")
-        return benchmark.learner_command(seconds, timeout, *learner_input)
-    raise ValueError(f"unknown piece {piece!r}; the pieces are env, inference and learner.")
+        return benchmark.child_command(child_args(piece, workload, batch, seconds))
+    return benchmark.learner_command(seconds, timeout, *learner_input)
 
 
-def parse_result(piece: str, stdout: str) -> Dict[str, Any]:
-    """A piece's record from its output (``RESULT {...}`` lines, or bench_learner's JSON list),
-    with its rate as ``agent_steps_per_s``."""
+def time_piece(piece: str, workload: str, batch: int, seconds: float, timeout: float,
+               learner_input: Optional[tuple] = None) -> Dict[str, Any]:
+    """Times ``piece`` as ``benchmark.py`` does: its record (``agent_steps_per_s`` and the
+    rest), or ``{"error": sentence}``."""
+    check_piece(piece, learner_input)
     if piece in ACTOR_SIDE:
-        lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
-        if not lines:
-            raise ValueError(f"the {piece} piece printed no RESULT line")
-        return json.loads(lines[-1][len("RESULT "):])
-    results = json.loads(stdout)
-    if not results or "error" in results[0]:
-        raise ValueError(f"the learner piece failed: {results[0].get('error') if results else 'no result'}")
-    return dict(results[0], agent_steps_per_s=results[0]["frames_per_s"])
+        return benchmark._run_child(child_args(piece, workload, batch, seconds), timeout)
+    return benchmark.measure_learner(seconds, timeout, *learner_input)
 
 
-def run_piece(piece: str, command: List[str], timeout: float) -> Dict[str, Any]:
-    """Runs a timed piece to the end: its record (``agent_steps_per_s`` and the rest), or
-    ``{"error": sentence}``."""
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              env=benchmark._env(), cwd=str(benchmark.REPO))
-    except subprocess.TimeoutExpired:
-        return {"error": f"the {piece} piece did not finish within {timeout:.0f} s; raise --timeout."}
-    if proc.returncode:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no output"
-        return {"error": f"the {piece} piece failed (exit code {proc.returncode}): {tail}"}
-    try:
-        return parse_result(piece, proc.stdout)
-    except (ValueError, KeyError, IndexError) as e:
-        return {"error": f"could not read the {piece} piece's rate: {e}."}
-
-
-def beside(piece: str, command: List[str], neighbour: str, neighbour_command: List[str], settle: float,
-           timeout: float, run: Callable[[str, List[str], float], Dict[str, Any]] = run_piece) -> Dict[str, Any]:
-    """Times ``piece`` while ``neighbour`` runs in its own process group, then stops the neighbour."""
+def beside(piece: str, neighbour: str, neighbour_command: List[str], settle: float,
+           run: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """Times ``piece`` (``run()``) while ``neighbour`` runs in its own process group, then
+    stops the neighbour."""
     proc = subprocess.Popen(neighbour_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=benchmark._env(), cwd=str(benchmark.REPO), start_new_session=True)
     try:
@@ -108,7 +96,7 @@ def beside(piece: str, command: List[str], neighbour: str, neighbour_command: Li
         if proc.poll() is not None:
             return {"error": f"the {neighbour} piece beside it exited early (exit code {proc.returncode}); "
                              f"run it alone to see why."}
-        result = run(piece, command, timeout)
+        result = run()
         if proc.poll() is not None:
             result = {"error": f"the {neighbour} piece beside it ended before the {piece} piece did; "
                                f"the neighbour's time is too short or it failed."}
@@ -127,7 +115,7 @@ def summarise(alone: Mapping[str, float], beside_rates: Mapping[str, float], cor
     """
     slowdown = {key: 1.0 - rate / alone[key.split("|")[0]] for key, rate in beside_rates.items()}
     # The learner's neighbour in a run is mostly the actor-side piece that costs more per step.
-    heavier = "env" if 1.0 / alone["env"] >= 1.0 / alone["inference"] else "inference"
+    heavier = "env" if alone["env"] <= alone["inference"] else "inference"
     ceiling_alone = benchmark.ceiling_agent_steps_per_s(alone["env"], alone["inference"], alone["learner"], cores)
     ceiling_beside = benchmark.ceiling_agent_steps_per_s(
         beside_rates["env|learner"], beside_rates["inference|learner"], beside_rates[f"learner|{heavier}"], cores)
@@ -168,29 +156,30 @@ def main(argv=None) -> int:
     def report(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    def command(piece: str, seconds: float, learner_input=None) -> List[str]:
-        # bench_learner stops its own child after its --timeout: past the piece's seconds.
-        return piece_command(piece, args.workload, args.batch, seconds, seconds + args.timeout, learner_input)
+    def timed(piece: str, learner_input=None) -> Dict[str, Any]:
+        return time_piece(piece, args.workload, args.batch, args.seconds, args.timeout, learner_input)
 
     results: Dict[str, Dict[str, Any]] = {}
     report(f"{args.workload}: inference alone (batch {args.batch}) ...")
-    results["inference"] = run_piece("inference", command("inference", args.seconds), args.timeout)
+    results["inference"] = timed("inference")
     if "error" in results["inference"]:
         print(f"error: {results['inference']['error']}", file=sys.stderr)
         return 1
     # The learner trains on what the policy sees: its frames, stack depth and action size.
     learner_input = benchmark.learner_input(results["inference"])
-    # The neighbour runs at most this long; it is stopped as soon as the timed piece ends.
-    long_seconds = args.settle + args.timeout
     for piece in ("env", "learner"):
         report(f"{args.workload}: {piece} alone ...")
-        results[piece] = run_piece(piece, command(piece, args.seconds, learner_input), args.timeout)
+        results[piece] = timed(piece, learner_input)
+    # The neighbour runs at most this long; it is stopped as soon as the timed piece ends.
+    long_seconds = args.settle + args.timeout
     pairs = [("env", "learner"), ("inference", "learner"), ("learner", "env"), ("learner", "inference")]
     for piece, neighbour in pairs:
         report(f"{args.workload}: {piece} beside {neighbour} ...")
-        results[f"{piece}|{neighbour}"] = beside(
-            piece, command(piece, args.seconds, learner_input), neighbour,
-            command(neighbour, long_seconds, learner_input), args.settle, args.timeout)
+        # bench_learner stops its own child after its --timeout: past the neighbour's seconds.
+        neighbour_command = piece_command(neighbour, args.workload, args.batch, long_seconds,
+                                          long_seconds + args.timeout, learner_input)
+        results[f"{piece}|{neighbour}"] = beside(piece, neighbour, neighbour_command, args.settle,
+                                                 lambda: timed(piece, learner_input))
     out: Dict[str, Any] = {"machine": benchmark.machine_info(), "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                            "settings": vars(args), "cores": cores,
                            "pieces": {k: {f: v[f] for f in ("agent_steps_per_s", "error", "beside") if f in v}

@@ -72,19 +72,23 @@ def test_piece_commands(bc):
         bc.piece_command("gpu", "synthetic", 32, 5.0, 60.0)
 
 
-def test_parse_result_reads_both_output_formats(bc):
-    assert bc.parse_result("env", 'noise\nRESULT {"agent_steps_per_s": 12.5}\n')["agent_steps_per_s"] == 12.5
-    record = bc.parse_result("learner", '[{"frames_per_s": 4000.0, "step_ms": 160.0}]')
-    assert record["agent_steps_per_s"] == 4000.0 and record["step_ms"] == 160.0
-    with pytest.raises(ValueError, match="no RESULT line"):
-        bc.parse_result("inference", "Traceback ...")
-    with pytest.raises(ValueError, match="the learner piece failed: out of memory"):
-        bc.parse_result("learner", '[{"error": "out of memory"}]')
+def test_time_piece_times_each_piece_as_benchmark_does(bc, monkeypatch):
+    calls = []
+    monkeypatch.setattr(bc.benchmark, "_run_child", lambda args, timeout: calls.append((args, timeout)) or {"agent_steps_per_s": 1.0})
+    monkeypatch.setattr(bc.benchmark, "measure_learner",
+                        lambda *a: calls.append(a) or {"agent_steps_per_s": 2.0})
+    assert bc.time_piece("inference", "synthetic", 32, 5.0, 60.0) == {"agent_steps_per_s": 1.0}
+    assert bc.time_piece("learner", "synthetic", 32, 5.0, 60.0, ([84, 84, 3], 3, 1)) == {"agent_steps_per_s": 2.0}
+    assert calls == [(["--child", "inference", "--workloads", "synthetic", "--piece-seconds", "5.0", "--batch", "32"], 60.0),
+                     (5.0, 60.0, [84, 84, 3], 3, 1)]
+    with pytest.raises(ValueError, match="time inference first"):
+        bc.time_piece("learner", "synthetic", 32, 5.0, 60.0)
 
 
-def test_run_piece_turns_a_failing_piece_into_a_sentence(bc):
-    result = bc.run_piece("env", [sys.executable, "-c", "import sys; sys.exit('no such env')"], timeout=30)
-    assert result["error"].startswith("the env piece failed (exit code 1): no such env")
+def test_time_piece_turns_a_failing_piece_into_a_sentence(bc):
+    result = bc.time_piece("env", "no-such-workload", 32, 1.0, 60.0)
+    assert result["error"].startswith("--child env failed (exit code 2): "), result
+    assert "no-such-workload" in result["error"]
 
 
 def test_beside_runs_the_piece_while_the_neighbour_runs_and_then_kills_its_whole_group(bc, tmp_path):
@@ -97,14 +101,14 @@ def test_beside_runs_the_piece_while_the_neighbour_runs_and_then_kills_its_whole
                  "time.sleep(120)\n"]
     seen = {}
 
-    def fake_run(piece, command, timeout):
+    def fake_run():
         grandchild = int(pids.read_text())
         seen["neighbour_alive"] = _alive(grandchild)
         seen["grandchild"] = grandchild
         return {"agent_steps_per_s": 123.0}
 
     started = time.monotonic()
-    result = bc.beside("inference", ["unused"], "learner", neighbour, settle=1.0, timeout=30, run=fake_run)
+    result = bc.beside("inference", "learner", neighbour, settle=1.0, run=fake_run)
     assert result == {"agent_steps_per_s": 123.0, "beside": "learner"}
     assert seen["neighbour_alive"]
     deadline = time.monotonic() + 10
@@ -116,8 +120,8 @@ def test_beside_runs_the_piece_while_the_neighbour_runs_and_then_kills_its_whole
 
 def test_beside_reports_a_neighbour_that_exits_early(bc):
     calls = []
-    result = bc.beside("learner", ["unused"], "env", [sys.executable, "-c", "raise SystemExit(3)"], settle=1.0,
-                       timeout=30, run=lambda *a: calls.append(a) or {"agent_steps_per_s": 1.0})
+    result = bc.beside("learner", "env", [sys.executable, "-c", "raise SystemExit(3)"], settle=1.0,
+                       run=lambda: calls.append(1) or {"agent_steps_per_s": 1.0})
     assert result["error"].startswith("the env piece beside it exited early (exit code 3)")
     assert not calls, "the piece was timed without its neighbour"
 
@@ -125,11 +129,11 @@ def test_beside_reports_a_neighbour_that_exits_early(bc):
 def test_beside_reports_a_neighbour_that_ends_during_the_piece(bc):
     neighbour = [sys.executable, "-c", "import time; time.sleep(1.5)"]
 
-    def slow_run(piece, command, timeout):
+    def slow_run():
         time.sleep(3)
         return {"agent_steps_per_s": 5.0}
 
-    result = bc.beside("learner", ["unused"], "inference", neighbour, settle=0.5, timeout=30, run=slow_run)
+    result = bc.beside("learner", "inference", neighbour, settle=0.5, run=slow_run)
     assert "ended before the learner piece did" in result["error"]
 
 
