@@ -11,9 +11,11 @@ import dataclasses
 import json
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["RunConfig", "LEARNER_KINDS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
+__all__ = ["RunConfig", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
 
 LEARNER_KINDS = ("cpu", "gpu", "tpu", "auto")
+# What the learner's network torsos compute in; variables and gradients are float32 either way.
+LEARNER_PRECISIONS = ("float32", "bfloat16")
 
 
 class ConfigError(ValueError):
@@ -77,6 +79,7 @@ class RunConfig:
     max_actor_restarts: int = 10
     actor_nice: int = 10
     jit_compile: bool = False
+    learner_precision: str = "float32"
     replay_ratio: float = 0.0
     replay_unrolls: Optional[int] = None
     eval_episodes: int = 0
@@ -101,6 +104,10 @@ class RunConfig:
             )
         if self.learner not in LEARNER_KINDS:
             raise ConfigError(f"learner must be one of {', '.join(LEARNER_KINDS)}, got {self.learner!r}.")
+        if self.learner_precision not in LEARNER_PRECISIONS:
+            raise ConfigError(
+                f"learner-precision must be one of {', '.join(LEARNER_PRECISIONS)}, got {self.learner_precision!r}."
+            )
         if self.replicas is not None and self.batch_size % self.replicas:
             raise ConfigError(
                 f"batch-size {self.batch_size} is not divisible by replicas {self.replicas}; "

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional
 
-from impala_rep.config import LEARNER_KINDS, RunConfig, replayed_per_batch
+from impala_rep.config import LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "UsageError"]
 
@@ -79,6 +79,10 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="ramp the learning rate up linearly over the first STEPS learner steps (default: 100, or "
                         "5%% of the run's learner steps if that is fewer; 0: none)")
     g.add_argument("--jit", action="store_true", help="compile the learner step with XLA")
+    g.add_argument("--learner-precision", choices=LEARNER_PRECISIONS, default="float32",
+                   help="what the learner network's torsos compute in: float32 (default) or bfloat16 (mixed "
+                        "precision: variables, gradients and the actors' parameters stay float32). bfloat16 is "
+                        "fast on TPUs, recent GPUs and CPUs with AVX512-BF16 or AMX, and slow where it is emulated")
     g.add_argument("--replay-ratio", type=float, default=0.0, metavar="R",
                    help="share of each batch drawn from recently trained-on unrolls, 0 <= R < 1 (IMPALA's "
                         "experience replay; V-trace corrects for the older policies); default 0: none")
@@ -203,6 +207,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         max_actor_restarts=getattr(args, "max_actor_restarts", 10),
         actor_nice=getattr(args, "actor_nice", 10),
         jit_compile=args.jit,
+        learner_precision=args.learner_precision,
         replay_ratio=args.replay_ratio,
         replay_unrolls=args.replay_unrolls,
         eval_episodes=args.eval_episodes,

@@ -79,6 +79,14 @@ class Trainer:
             config.learner, num_replicas=config.replicas, tpu=config.tpu_address
         )
         self.step = make_learner_step(config, env_spec, self.replicator)
+        if config.learner_precision != "float32":
+            log.info("the learner's network computes in %s (mixed precision: variables, gradients and the "
+                     "actors' parameters stay float32)", self.step.network.compute_dtype.name)
+        if config.learner_precision == "bfloat16" and self.replicator.kind == "cpu" and cpu_has_bf16() is False:
+            log.warning(
+                "--learner-precision bfloat16 on a CPU without AVX512-BF16 or AMX: TensorFlow emulates bfloat16 "
+                "here, so the learner step is likely slower than with float32 (the default)."
+            )
         expected = {k for k in self.step.batch_spec}
         produced = {k for k in self.batch_spec()}
         if expected != produced:
@@ -344,6 +352,20 @@ class Trainer:
         )
 
 
+def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> Optional[bool]:
+    """Whether this CPU computes bfloat16 natively (the AVX512-BF16 or AMX-BF16 flag in
+    ``cpuinfo``); None when that cannot be read (not Linux)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        return None
+    return None
+
+
 def make_learner_step(config: RunConfig, env_spec: EnvSpec, replicator: Any):
     """The replicated V-trace step a run of ``config`` trains with on ``env_spec`` (its network,
     frame stack, unroll, batch, loss and optimizer), replicated by ``replicator``."""
@@ -363,6 +385,7 @@ def make_learner_step(config: RunConfig, env_spec: EnvSpec, replicator: Any):
         optimizer_config=OptimizerConfig(**config.optimizer),
         jit_compile=config.jit_compile,
         frame_stack=frame_stack,
+        compute_dtype=config.learner_precision,
     )
 
 

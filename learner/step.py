@@ -378,19 +378,26 @@ class LearnerStep:
         optimizer_config: OptimizerConfig = OptimizerConfig(),
         jit_compile: bool = False,
         frame_stack: Optional[Mapping[str, int]] = None,
+        compute_dtype: str = "float32",
     ) -> "LearnerStep":
         """Builds the IMPALA learner from a ``NetworkConfig`` and the (stacked) observation specs.
 
         ``frame_stack`` (``{key: K}``): keys whose batches carry single frames
-        (:func:`make_batch_spec`), as ``learner.batcher`` produces them.
+        (:func:`make_batch_spec`), as ``learner.batcher`` produces them. ``compute_dtype``:
+        ``"float32"`` or ``"bfloat16"`` (mixed precision: the network's torsos compute in
+        bfloat16, variables and gradients stay float32; :class:`TFNetwork`).
         """
         from impala_rep.distributions import make_policy
         from impala_rep.networks.tf_backend import TFNetwork
 
+        from impala_rep.networks.tf_backend import COMPUTE_DTYPES
+
+        if compute_dtype not in COMPUTE_DTYPES:  # before any variable is built
+            raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {compute_dtype!r}.")
         policy = make_policy(env_action_spec, network_config)
 
         def make_network():
-            return TFNetwork(network_config, observation_specs, env_action_spec)
+            return TFNetwork(network_config, observation_specs, env_action_spec, compute_dtype=compute_dtype)
 
         core_state = None
         lstm = getattr(network_config, "lstm_size", None)

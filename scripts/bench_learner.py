@@ -49,7 +49,7 @@ def run_one(args) -> dict:
     action = ArraySpec("action", (args.action_dims,), "float32", minimum=-1.0, maximum=1.0)
     learner = LearnerStep.from_config(
         replicator, NetworkConfig(torso=torso), obs, action, args.unroll_length, args.batch_size,
-        jit_compile=args.xla, frame_stack={"pixels": args.frame_stack},
+        jit_compile=args.xla, frame_stack={"pixels": args.frame_stack}, compute_dtype=args.precision,
     )
     batch = synthetic_batch(learner.batch_spec, np.random.default_rng(0))  # laid out as the batcher lays it out
 
@@ -75,6 +75,7 @@ def run_one(args) -> dict:
         "kind": args.kind,
         "replicas": replicator.num_replicas,
         "xla": args.xla,
+        "precision": args.precision,
         "obs_shape": list(args.obs_shape),
         "frame_stack": args.frame_stack,
         "action_dims": args.action_dims,
@@ -108,6 +109,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--action-dims", type=int, default=2, help="dimensions of the bounded continuous action")
     parser.add_argument("--xla", action="store_true", help="XLA-compile each replica's forward/backward pass")
+    parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32",
+                        help="what the network's torsos compute in (the launcher's --learner-precision; default float32)")
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--warmup-seconds", type=float, default=20.0)
     parser.add_argument("--min-steps", type=int, default=3)
@@ -138,7 +141,7 @@ def main(argv=None) -> int:
                 continue
             cmd = [sys.executable, __file__, "--child", "--torso", torso, "--replicas", str(replicas)]
             for name in ("kind", "unroll_length", "batch_size", "warmup_steps", "warmup_seconds", "min_steps",
-                         "max_steps", "seconds", "threads", "action_dims", "frame_stack"):
+                         "max_steps", "seconds", "threads", "action_dims", "frame_stack", "precision"):
                 cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
             cmd += ["--obs-shape"] + [str(d) for d in args.obs_shape]
             if args.xla:
@@ -161,7 +164,7 @@ def main(argv=None) -> int:
                     print(f"{torso:8s} {replicas} replica(s): ERROR {r['error']}", flush=True)
                 else:
                     print(
-                        f"{torso:8s} {r['replicas']} {r['kind']} replica(s): {r['frames_per_s']:8.0f} frames/s "
+                        f"{torso:8s} {r['replicas']} {r['kind']} replica(s), {r['precision']}: {r['frames_per_s']:8.0f} frames/s "
                         f"({r['step_ms']:.0f} ms/step over {r['steps']} steps; first step {r['first_step_s']} s; "
                         f"get_params {r['get_params_ms']} ms)",
                         flush=True,

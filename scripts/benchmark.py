@@ -435,20 +435,20 @@ def learner_input(inference: Mapping[str, Any]) -> Tuple[List[int], int, int]:
 
 
 def learner_command(seconds: float, timeout: float, obs_shape: Sequence[int], frame_stack: int,
-                    action_dims: int) -> List[str]:
+                    action_dims: int, precision: str = "float32") -> List[str]:
     """The learner piece's command: scripts/bench_learner.py on one CPU replica and one thread."""
     return [sys.executable, str(SCRIPTS / "bench_learner.py"), "--torso", NETWORK, "--replicas", "1", "--kind", "cpu",
             "--obs-shape", *[str(d) for d in obs_shape], "--frame-stack", str(frame_stack),
             "--action-dims", str(action_dims),
             "--threads", "1", "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE),
             "--seconds", str(seconds), "--max-steps", "100000", "--warmup-seconds", str(max(2.0, seconds / 3)),
-            "--timeout", str(timeout), "--json"]
+            "--timeout", str(timeout), "--precision", precision, "--json"]
 
 
 def measure_learner(seconds: float, timeout: float, obs_shape: Sequence[int], frame_stack: int,
-                    action_dims: int) -> Dict[str, Any]:
+                    action_dims: int, precision: str = "float32") -> Dict[str, Any]:
     """Learner frames/s on one CPU replica and one TensorFlow thread (scripts/bench_learner.py)."""
-    cmd = learner_command(seconds, timeout, obs_shape, frame_stack, action_dims)
+    cmd = learner_command(seconds, timeout, obs_shape, frame_stack, action_dims, precision)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=_env(), cwd=str(REPO))
     except subprocess.TimeoutExpired:
@@ -463,7 +463,7 @@ def measure_learner(seconds: float, timeout: float, obs_shape: Sequence[int], fr
         return {"error": f"scripts/bench_learner.py: {result['error']}"}
     return {"agent_steps_per_s": result["frames_per_s"], "step_ms": result["step_ms"], "steps": result["steps"],
             "threads": 1, "obs_shape": list(obs_shape), "frame_stack": frame_stack, "action_dims": action_dims,
-            "note": "frames = T x B transitions per learner step = agent steps trained on"}
+            "precision": precision, "note": "frames = T x B transitions per learner step = agent steps trained on"}
 
 
 # --------------------------------------------------------------------------- end to end
@@ -591,7 +591,7 @@ def measure_end_to_end(workload: Workload, args, between: Optional[Callable[[int
     ``between`` and ``launch`` as in :func:`run_launch_window`."""
     launch_args = ["--env", workload.env_id, "--actors", str(args.actors), "--learner", "cpu", "--network", NETWORK,
                    "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE),
-                   "--frame-stack", str(FRAME_STACK), "--no-anneal"]
+                   "--frame-stack", str(FRAME_STACK), "--no-anneal", "--learner-precision", args.learner_precision]
     for item in workload.env_args():
         launch_args += ["--env-arg", item]
     if args.actor_processes:
@@ -757,6 +757,7 @@ def machine_info() -> Dict[str, Any]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from impala_rep.config import LEARNER_PRECISIONS
     from impala_rep.launch import parse_learner_threads
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -770,6 +771,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--learner-threads", type=parse_learner_threads, default="auto", metavar="N|auto",
                         help="the launcher's --learner-threads in the end-to-end run (default auto: sized from the "
                              "probed env and policy costs)")
+    parser.add_argument("--learner-precision", choices=LEARNER_PRECISIONS, default="float32",
+                        help="what the learner network computes in, in the learner piece and the end-to-end run "
+                             "(the launcher's --learner-precision; default float32)")
     parser.add_argument("--seconds", type=float, default=60.0, help="end-to-end measurement window (default 60)")
     parser.add_argument("--warmup", type=float, default=30.0,
                         help="seconds after the first learner step before the window opens (default 30)")
@@ -883,7 +887,8 @@ def measure_pieces(workload: Workload, args, report, label: str = "", batch: Opt
         obs_shape, k, action_dims = learner_input(out["inference"])
         report(f"{workload.name}{label}: learner frames/s on one core ({'x'.join(map(str, obs_shape))} frames, "
                f"stacked {k} deep) ...")
-        out["learner"] = measure_learner(args.piece_seconds, args.timeout, obs_shape, k, action_dims)
+        out["learner"] = measure_learner(args.piece_seconds, args.timeout, obs_shape, k, action_dims,
+                                         args.learner_precision)
     return out
 
 

@@ -176,6 +176,25 @@ def test_replay_trains_on_more_unrolls_than_the_actors_send(tmp_path):
     assert config["replay_ratio"] == 0.5 and config["replay_unrolls"] is None
 
 
+def test_bfloat16_learner_trains_and_exports_a_float32_policy(tmp_path):
+    import numpy as np
+
+    from impala_rep.export import load_policy
+
+    logdir = str(tmp_path / "run")
+    proc = launch(*CATCH, "--actors", "2", "--total-steps", "8000", "--learner-precision", "bfloat16",
+                  "--logdir", logdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the learner's network computes in bfloat16" in proc.stderr, proc.stderr[-3000:]
+    with open(os.path.join(logdir, "config.json")) as f:
+        assert json.load(f)["learner_precision"] == "bfloat16"
+    records = metrics(logdir)
+    assert records and all(np.isfinite(r["loss/loss"]) for r in records), records[-1:]
+    assert json.load(open(os.path.join(logdir, "policy", "policy.json")))["agent_steps"] == 8000
+    params = load_policy(os.path.join(logdir, "policy")).network.params
+    assert params and all(p.dtype == np.float32 and np.all(np.isfinite(p)) for p in params.values())
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -188,6 +207,7 @@ def test_replay_trains_on_more_unrolls_than_the_actors_send(tmp_path):
         (["--env", "catch", "--learner", "tpu"], "TPU"),
         (["--env", "catch", "--learner", "gpu"], "GPU"),
         (["--env", "catch", "--replay-ratio", "1"], "replay-ratio must be at least 0 and below 1"),
+        (["--env", "catch", "--learner-precision", "float16"], "invalid choice: 'float16'"),
     ],
 )
 def test_bad_flags_give_a_sentence_not_a_traceback(tmp_path, args, message):

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from actors.supervisor import ActorSupervisor
-from impala_rep.config import ConfigError, RunConfig
+from impala_rep.config import ConfigError, RunConfig, actor_view
 from impala_rep.plan import PlanError, plan_actors, split_envs
 
 
@@ -30,6 +30,7 @@ def test_run_config_round_trips_and_hides_the_token():
         ({"port": 70000}, "port must be in 0..65535"),
         ({"actor_nice": 20}, "actor-nice must be between 0 and 19"),
         ({"actor_nice": -1}, "actor-nice must be between 0 and 19"),
+        ({"learner_precision": "float16"}, "learner-precision must be one of float32, bfloat16, got 'float16'"),
     ],
 )
 def test_run_config_rejects_bad_values_with_a_sentence(kwargs, message):
@@ -151,6 +152,18 @@ def test_lr_warmup_flag_reaches_the_optimizer_config_and_rejects_negatives(capsy
     with pytest.raises(SystemExit):
         parser.parse_args(["--env", "catch", "--lr-warmup", "-5"])
     assert "expected a whole number (0 or more), got -5" in capsys.readouterr().err
+
+
+def test_learner_precision_flag_reaches_the_run_config():
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    assert config_from_args(parser.parse_args(["--env", "catch"])).learner_precision == "float32"
+    config = config_from_args(parser.parse_args(["--env", "catch", "--learner-precision", "bfloat16"]))
+    assert config.learner_precision == "bfloat16"
+    assert RunConfig.from_json(json.loads(config.dumps())).learner_precision == "bfloat16"
+    assert "learner_precision" not in actor_view(config, {})  # the actors compute in float32 either way
 
 
 def test_launcher_starts_actors_with_lowered_priority():

@@ -172,6 +172,21 @@ def test_benchmark_defaults_cover_both_workloads():
     assert bench.parse_args(["--parts", "ceiling", "--rounds", "3"]).rounds == 3
 
 
+def test_benchmark_learner_precision_reaches_the_learner_piece_and_the_launcher(monkeypatch, capsys):
+    assert bench.parse_args([]).learner_precision == "float32"
+    args = bench.parse_args(["--learner-precision", "bfloat16", "--workloads", "synthetic"])
+    piece = bench.learner_command(5, 60, [84, 84, 3], 3, 1, args.learner_precision)
+    assert piece[piece.index("--precision") + 1] == "bfloat16"
+    assert bench.learner_command(5, 60, [84, 84, 3], 3, 1)[-3:] == ["--precision", "float32", "--json"]
+    seen = {}
+    monkeypatch.setattr(bench, "run_launch_window", lambda launch_args, *rest: seen.setdefault("args", launch_args) and {})
+    bench.measure_end_to_end(bench.WORKLOADS["synthetic"], args)
+    assert seen["args"][seen["args"].index("--learner-precision") + 1] == "bfloat16"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--learner-precision", "float16"])
+    assert "invalid choice: 'float16'" in capsys.readouterr().err
+
+
 def test_planned_batch_reads_the_launchers_last_plan_line(tmp_path):
     log = tmp_path / "launch.log"
     log.write_text("x plan: 33 actors in 2 process(es) (16/17 envs each); estimated memory 3.0 GiB (one per core)\n"

@@ -7,6 +7,11 @@ variables are created in the constructor, so construct the network inside
 ``replicator.scope()`` / ``strategy.scope()``; :meth:`TFNetwork.unroll` can then run in
 ``strategy.run``, under ``tf.function`` and with XLA.
 
+Mixed precision: with ``compute_dtype="bfloat16"`` the torsos (the convolutions and the
+torso's dense layer: nearly all of the arithmetic) compute in bfloat16 on bfloat16 copies of
+the float32 variables; the core, the heads and everything after them stay float32, and the
+variables, their gradients and the parameters the actors get are float32 either way.
+
 Shape letters: ``T`` transitions per unroll (``T+1`` steps), ``B`` batch.
 """
 
@@ -19,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from impala_rep.config import LEARNER_PRECISIONS
 from impala_rep.distributions import make_policy
 from impala_rep.networks.config import (
     DEEP_SECTIONS,
@@ -28,9 +34,13 @@ from impala_rep.networks.config import (
     plan_network,
 )
 
-__all__ = ["TFNetwork", "stack_sources"]
+__all__ = ["COMPUTE_DTYPES", "TFNetwork", "stack_sources"]
 
 _layers = tf_keras.layers
+
+# The dtypes the torsos may compute in (``TFNetwork(compute_dtype=...)``): the run's
+# ``--learner-precision`` choices.
+COMPUTE_DTYPES = LEARNER_PRECISIONS
 
 
 class TFNetwork(tf.Module):
@@ -40,6 +50,8 @@ class TFNetwork(tf.Module):
       config: the :class:`NetworkConfig`.
       obs_specs: ``{key: ArraySpec}`` per-step observations as the network sees them.
       action_spec: the env's action spec (the policy is ``make_policy(action_spec, config)``).
+      compute_dtype: ``"float32"`` (default) or ``"bfloat16"``, the dtype the torsos compute
+        in (see the module docstring); the variables are float32 either way.
 
     Usage in a learner::
 
@@ -48,8 +60,12 @@ class TFNetwork(tf.Module):
         policy_params, values = net.unroll(obs, first, initial_state)
     """
 
-    def __init__(self, config: NetworkConfig, obs_specs: Mapping[str, Any], action_spec: Any, name: str = "agent"):
+    def __init__(self, config: NetworkConfig, obs_specs: Mapping[str, Any], action_spec: Any, name: str = "agent",
+                 compute_dtype: str = "float32"):
         super().__init__(name=name)
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {compute_dtype!r}.")
+        self.compute_dtype = tf.as_dtype(compute_dtype)
         self.config = config
         self.policy = make_policy(action_spec, config)
         self.plan = plan_network(config, obs_specs, self.policy)
@@ -156,15 +172,28 @@ class TFNetwork(tf.Module):
 
     # -- forward --
     def _scaled(self, t, x: tf.Tensor) -> tf.Tensor:
-        x = tf.cast(x, tf.float32)
+        x = tf.cast(x, self.compute_dtype)  # uint8 pixels are exact in bfloat16 too
         return x * t.scale if t.scale is not None else x
+
+    def _cast(self, variable) -> tf.Tensor:
+        return variable if self.compute_dtype == tf.float32 else tf.cast(variable, self.compute_dtype)
+
+    def _apply(self, layer, h: tf.Tensor) -> tf.Tensor:
+        """``layer(h)`` in the compute dtype (a Dense or Conv2D layer of the torso)."""
+        if self.compute_dtype == tf.float32:
+            return layer(h)
+        if isinstance(layer, _layers.Conv2D):
+            y = tf.nn.conv2d(h, self._cast(layer.kernel), strides=list(layer.strides), padding=layer.padding.upper())
+        else:
+            y = tf.matmul(h, self._cast(layer.kernel))
+        return tf.nn.bias_add(y, self._cast(layer.bias))
 
     def _first_conv(self, t):
         body = self._torso_layers[t.key][0]
         return body[0] if t.kind == "shallow" else body[0][0]
 
     def _torso(self, t, x: tf.Tensor, first_conv=None) -> tf.Tensor:
-        """x: [N, *input_shape] scaled (:meth:`_scaled`) -> [N, output_size].
+        """x: [N, *input_shape] scaled (:meth:`_scaled`) -> [N, output_size] float32.
 
         ``first_conv`` (CNN torsos): a callable that replaces the first convolution (bias
         included, before its ReLU); it is called with ``x``.
@@ -173,25 +202,25 @@ class TFNetwork(tf.Module):
         if t.kind == "mlp":
             h = tf.reshape(x, [-1, int(math.prod(t.input_shape))])
             for layer in layers:
-                h = tf.nn.relu(layer(h))
-            return h
+                h = tf.nn.relu(self._apply(layer, h))
+            return tf.cast(h, tf.float32)
         body, dense = layers
         if t.kind == "shallow":
             h = x
             for i, conv in enumerate(body):
-                h = tf.nn.relu(first_conv(h) if i == 0 and first_conv is not None else conv(h))
+                h = tf.nn.relu(first_conv(h) if i == 0 and first_conv is not None else self._apply(conv, h))
         else:
             h = x
             for i, (conv, blocks) in enumerate(body):
-                h = first_conv(h) if i == 0 and first_conv is not None else conv(h)
+                h = first_conv(h) if i == 0 and first_conv is not None else self._apply(conv, h)
                 h = tf.nn.max_pool2d(h, ksize=3, strides=2, padding="SAME")
                 for conv_0, conv_1 in blocks:
-                    y = conv_0(tf.nn.relu(h))
-                    y = conv_1(tf.nn.relu(y))
+                    y = self._apply(conv_0, tf.nn.relu(h))
+                    y = self._apply(conv_1, tf.nn.relu(y))
                     h = h + y
             h = tf.nn.relu(h)
         h = tf.reshape(h, [-1, int(math.prod(h.shape[1:]))])
-        return tf.nn.relu(dense(h))
+        return tf.cast(tf.nn.relu(self._apply(dense, h)), tf.float32)
 
     def _stacked_feats(self, t, frames: tf.Tensor, first: tf.Tensor, k: int):
         """Torso features [(T+1)*B, F] and lead shape [T+1, B] from frames [T+K, B, H, W, C]."""
@@ -231,7 +260,7 @@ class TFNetwork(tf.Module):
         kh, kw, kc, filters = conv.kernel.shape
         c = kc // k
         # [kh, kw, K*C, F] (slot-major input channels) -> [kh, kw, C, K*F] (slot-major outputs)
-        kernel = tf.reshape(tf.transpose(tf.reshape(conv.kernel, [kh, kw, k, c, filters]), [0, 1, 3, 2, 4]),
+        kernel = tf.reshape(tf.transpose(tf.reshape(self._cast(conv.kernel), [kh, kw, k, c, filters]), [0, 1, 3, 2, 4]),
                             [kh, kw, c, k * filters])
         strides = list(conv.strides)
         padding = conv.padding.upper()
@@ -239,7 +268,7 @@ class TFNetwork(tf.Module):
         def first_conv(_):
             y = tf.nn.conv2d(x, kernel, strides=strides, padding=padding)  # [N, h, w, K*F]
             slots = tf.split(y, k, axis=-1)
-            return tf.add_n([tf.gather(slots[j], rows[:, j]) for j in range(k)]) + conv.bias
+            return tf.add_n([tf.gather(slots[j], rows[:, j]) for j in range(k)]) + self._cast(conv.bias)
 
         return self._torso(t, x, first_conv)
 
