@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 
 from impala_rep.config import LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
 
-__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "UsageError"]
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "UsageError"]
 
 
 class UsageError(ValueError):
@@ -155,8 +155,33 @@ def _desync_steps(args: argparse.Namespace, env_kwargs: Dict[str, Any]) -> int:
     return -(-1000 // repeat) if args.env.startswith("dmc/") and repeat is not None else 0
 
 
+def check_logdir(path: str) -> None:
+    """Raises UsageError with a sentence when ``path`` cannot be (or hold) a run directory.
+
+    Checked before the run starts (probes, TensorFlow, actors), without creating anything:
+    ``path`` must be a writable directory, or not exist under a writable directory.
+    """
+    if not path:
+        raise UsageError("--logdir is empty; give the run directory, e.g. --logdir runs/walker.")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        if os.path.islink(path):
+            raise UsageError(
+                f"--logdir {path} is a broken symbolic link (to {os.readlink(path)}); create its target "
+                "or give another run directory."
+            )
+        raise UsageError(f"--logdir {path} exists and is not a directory; give a directory for the run.")
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe):  # the nearest existing ancestor is where the run directory will be made
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UsageError(f"--logdir {path} cannot be created: {probe} is not a directory.")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"--logdir {path} cannot be written: {probe} is not writable by this user.")
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """Builds the RunConfig (raises ConfigError/EnvError with a sentence on bad values)."""
+    """Builds the RunConfig (raises ConfigError/EnvError/UsageError with a sentence on bad values)."""
+    check_logdir(args.logdir)
     network: Dict[str, Any] = {"torso": args.network, "policy": args.policy, "bins": args.bins}
     if args.lstm_size is not None:
         network["lstm_size"] = args.lstm_size

@@ -96,7 +96,10 @@ class Trainer:
             )
         self.agent_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="agent_steps")
         self.checkpoint = tf.train.Checkpoint(agent_steps=self.agent_steps, **self.step.checkpoint_objects())
-        os.makedirs(config.logdir, exist_ok=True)
+        try:
+            os.makedirs(config.logdir, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"cannot create the run directory {config.logdir}: {exc.strerror or exc}.") from None
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, os.path.join(config.logdir, "checkpoints"), max_to_keep=config.keep_checkpoints
         )

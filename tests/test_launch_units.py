@@ -458,3 +458,32 @@ def test_replay_flags_reach_the_config_and_bad_values_are_sentences(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--env", "catch", "--replay-unrolls", "0"])
     assert "expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_a_logdir_that_cannot_hold_a_run_is_a_sentence_before_anything_starts(tmp_path, capsys):
+    from impala_rep.launch import main
+
+    broken = tmp_path / "broken"
+    broken.symlink_to(tmp_path / "missing-target")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    cases = [
+        (str(broken), f"--logdir {broken} is a broken symbolic link (to {tmp_path / 'missing-target'})"),
+        (str(a_file), f"--logdir {a_file} exists and is not a directory"),
+        (str(a_file / "run"), f"--logdir {a_file / 'run'} cannot be created: {a_file} is not a directory"),
+    ]
+    for logdir, sentence in cases:
+        with pytest.raises(SystemExit) as exc:
+            main(["--env", "catch", "--actors", "1", "--logdir", logdir])
+        assert exc.value.code == 2
+        assert sentence in capsys.readouterr().err
+    # Nothing was created on the way: the checks do not make the run directory.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "broken"]
+
+
+def test_a_new_logdir_under_a_writable_directory_passes_the_check(tmp_path):
+    from impala_rep.flags import check_logdir
+
+    check_logdir(str(tmp_path / "runs" / "new"))  # does not exist yet: fine
+    check_logdir(str(tmp_path))  # an existing directory: fine
+    assert not (tmp_path / "runs").exists()
