@@ -289,6 +289,14 @@ class LearnerClient:
         self._have_version = int(reply.version)
         return self._have_version, params
 
+    def interrupt(self) -> None:
+        """Ends every wait for the learner now: a call retrying with backoff (the handshake,
+        a parameter fetch) raises :class:`TransportError` instead of waiting up to
+        ``give_up_after_s``. For a stop requested while the learner is away; close() still
+        has to be called. Call it from a thread, not from inside a signal handler (it takes
+        the lock of an Event the main thread may be waiting on)."""
+        self._closing.set()
+
     def close(self, drain: bool = True, timeout: float = 10.0) -> None:
         """Ends the stream (after sending what is queued when ``drain``) and the channel."""
         if drain and self._sender is not None and self._fatal is None:

@@ -121,6 +121,16 @@ def lower_priority(nice: int) -> str:
     return done
 
 
+def check_address(address: str) -> Optional[str]:
+    """None for a usable HOST:PORT (``[::1]:PORT`` for IPv6), else the sentence saying why not."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or host in ("[", "[]"):
+        return f"--learner-address must be HOST:PORT, got {address!r}."
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"--learner-address {address!r}: the port must be a number from 1 to 65535, got {port!r}."
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m actors.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--learner-address", required=True, help="HOST:PORT of the learner")
@@ -147,8 +157,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"--actors must be at least 1, got {args.actors}.")
     if not 1 <= args.actor_processes <= args.actors:
         parser.error(f"--actor-processes must be between 1 and --actors ({args.actors}), got {args.actor_processes}.")
-    if ":" not in args.learner_address:
-        parser.error(f"--learner-address must be HOST:PORT, got {args.learner_address!r}.")
+    address_problem = check_address(args.learner_address)
+    if address_problem:
+        parser.error(address_problem)
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be between 0 and 19, got {args.nice}.")
     token = args.token or os.environ.get("IMPALA_REP_TOKEN") or None
@@ -160,11 +171,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     from actors.client import LearnerClient, LearnerUnavailableError, TransportError
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     actor_id = args.actor_id or f"actor-{os.getpid()}"
     client = LearnerClient(args.learner_address, token=token, root_certificates=args.tls_ca,
                            actor_id=actor_id, give_up_after_s=args.give_up_after)
+
+    def on_signal(*_):
+        # From a thread: Event.set() inside a handler can deadlock on a lock the interrupted
+        # main thread holds. interrupt() ends a wait for an absent learner, which stop alone
+        # would not (the handshake retries for --give-up-after seconds).
+        threading.Thread(target=lambda: (stop.set(), client.interrupt()), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         actor = build_actor(client, args.actors, args.seed)
         log.info("%s: %d env(s), policy version %d, streaming to %s, %s",
@@ -174,6 +192,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         log.error("%s", exc)
         return 3
     except (TransportError, ValueError) as exc:
+        if stop.is_set() and isinstance(exc, TransportError):
+            log.info("%s: stopped while waiting for the learner at %s", actor_id, args.learner_address)
+            return 0
         log.error("%s", exc)
         return 2
     finally:

@@ -487,3 +487,51 @@ def test_a_new_logdir_under_a_writable_directory_passes_the_check(tmp_path):
     check_logdir(str(tmp_path / "runs" / "new"))  # does not exist yet: fine
     check_logdir(str(tmp_path))  # an existing directory: fine
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "address, sentence",
+    [
+        ("nothing", "--learner-address must be HOST:PORT, got 'nothing'."),
+        (":50051", "--learner-address must be HOST:PORT, got ':50051'."),
+        ("127.0.0.1:99999", "the port must be a number from 1 to 65535, got '99999'"),
+        ("127.0.0.1:0", "the port must be a number from 1 to 65535, got '0'"),
+        ("localhost:http", "the port must be a number from 1 to 65535, got 'http'"),
+    ],
+)
+def test_actor_learner_address_is_checked(address, sentence, capsys):
+    # gRPC would take port 99999 as 34463 (modulo 65536) and wait there for a learner.
+    from actors.run import check_address, main
+
+    with pytest.raises(SystemExit):
+        main(["--learner-address", address])
+    assert sentence in capsys.readouterr().err
+    assert check_address("127.0.0.1:50051") is None and check_address("[::1]:50051") is None
+
+
+def test_actor_process_stops_on_sigterm_while_the_learner_is_away(tmp_path):
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "actor.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "actors.run", "--learner-address", f"127.0.0.1:{port}",
+                                 "--give-up-after", "120"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(3)  # imports done, retrying the handshake with backoff
+        assert proc.poll() is None, log.read_text()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        assert time.monotonic() - t0 < 15  # before: it waited out --give-up-after (120 s here)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 0, log.read_text()
+    assert f"stopped while waiting for the learner at 127.0.0.1:{port}" in log.read_text()

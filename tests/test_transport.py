@@ -222,6 +222,19 @@ def test_gives_up_with_a_clear_error_when_no_learner_answers():
     client.close(drain=False)
 
 
+def test_interrupt_ends_a_wait_for_an_absent_learner_at_once():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = LearnerClient(f"127.0.0.1:{port}", backoff_initial_s=0.05, backoff_max_s=0.2, give_up_after_s=60)
+    threading.Timer(0.5, client.interrupt).start()
+    t0 = time.monotonic()
+    with pytest.raises(TransportError, match="closed while waiting for the learner"):
+        client.connect()
+    assert time.monotonic() - t0 < 5  # not the 60 s it would give the learner
+    client.close(drain=False)
+
+
 def test_streams_beyond_the_limit_are_refused_and_retried():
     spec = small_spec()
     server = start_server(spec, capacity=64, max_streams=1)
