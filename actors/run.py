@@ -18,6 +18,7 @@ for _var in ACTOR_THREAD_VARS:
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
+import math  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -54,7 +55,13 @@ def build_actor(client, num_envs: int, seed: int):
         )
     env_list = [envs.make(cfg["env"], seed=seed + i, **cfg["env_kwargs"]) for i in range(num_envs)]
     env_spec = env_spec_from_dm_env(env_list[0])
-    net_config = NetworkConfig(**cfg["network"])
+    try:
+        net_config = NetworkConfig(**cfg["network"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"the learner's network settings {cfg['network']!r} are not ones this actor can build ({exc}); "
+            f"is {client.address} an impala_rep learner of this version?"
+        ) from None
     policy = make_policy(env_spec.action, net_config)
     frame_stack = dict(hs.frame_stack)
     network = NumpyNetwork(net_config, stacked_observation_specs(env_spec.observations, frame_stack), env_spec.action)
@@ -132,12 +139,14 @@ def check_address(address: str) -> Optional[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from impala_rep.flags import seed_flag  # TensorFlow-free
+
     parser = argparse.ArgumentParser(prog="python -m actors.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--learner-address", required=True, help="HOST:PORT of the learner")
     parser.add_argument("--actors", type=int, default=1, help="envs acting in parallel (default 1)")
     parser.add_argument("--actor-processes", type=int, default=1, help="processes sharing the envs (default 1)")
     parser.add_argument("--actor-id", default=None, help="name in the learner's metrics (default actor-PID)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_flag, default=0)
     parser.add_argument("--token", default=None, help="the learner's shared token (default $IMPALA_REP_TOKEN)")
     parser.add_argument("--tls-ca", default=None, help="PEM certificate to trust; enables TLS")
     parser.add_argument("--give-up-after", type=float, default=300.0,
@@ -162,6 +171,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(address_problem)
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be between 0 and 19, got {args.nice}.")
+    if not (math.isfinite(args.give_up_after) and args.give_up_after > 0):
+        parser.error(f"--give-up-after must be a positive number of seconds, got {args.give_up_after}.")
+    if args.max_actor_restarts < 0:
+        parser.error(f"--max-actor-restarts must be 0 or more, got {args.max_actor_restarts}.")
+    if args.tls_ca is not None and not os.path.isfile(args.tls_ca):
+        parser.error(f"--tls-ca {args.tls_ca} is not a file; give the learner's PEM certificate.")
     token = args.token or os.environ.get("IMPALA_REP_TOKEN") or None
 
     if args.actor_processes > 1:

@@ -139,6 +139,8 @@ def parse_env_args(items: Iterable[str]) -> Dict[str, Any]:
             )
         if key in out:
             raise EnvError(f"env arg {key!r} is given more than once; pass each key once.")
+        if key == "seed":
+            raise EnvError("seed is not an env arg: each env's seed comes from --seed (the run's seed).")
         try:
             value = json.loads(raw)
         except ValueError:

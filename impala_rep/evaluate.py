@@ -122,6 +122,9 @@ def evaluate(
     return report
 
 
+VIDEO_SUFFIXES = (".mp4", ".gif", ".mkv", ".avi", ".mov", ".webm")
+
+
 def _write_video(path: str, frames: List[np.ndarray], fps: int = 30) -> None:
     import imageio.v2 as imageio
 
@@ -135,11 +138,13 @@ def _write_video(path: str, frames: List[np.ndarray], fps: int = 30) -> None:
 def main(argv=None) -> int:
     os.environ.setdefault("MUJOCO_GL", "egl")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from impala_rep.flags import check_output_path, seed_flag
+
     parser = argparse.ArgumentParser(prog="python -m impala_rep.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="run directory (uses RUN_DIR/policy) or exported policy directory")
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--greedy", action="store_true", help="act with the policy's mode instead of sampling")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_flag, default=0)
     parser.add_argument("--env", default=None, help="evaluate on another env id (its specs must match)")
     parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="override an env argument")
     parser.add_argument("--video", default=None, metavar="FILE.mp4", help="record the episodes' pixel observations")
@@ -149,6 +154,13 @@ def main(argv=None) -> int:
     from impala_rep.export import PolicyLoadError
 
     try:
+        # The outputs are checked before the episodes run, so no evaluation is lost to a bad path.
+        if args.report is not None:
+            check_output_path(args.report, "--report")
+        if args.video is not None:
+            check_output_path(args.video, "--video")
+            if os.path.splitext(args.video)[1].lower() not in VIDEO_SUFFIXES:
+                raise ValueError(f"--video {args.video}: name a video file ending in one of {', '.join(VIDEO_SUFFIXES)}.")
         overrides = envs.parse_env_args(args.env_arg)
         report = evaluate(args.path, args.episodes, args.greedy, args.seed, args.env, overrides, args.video)
     except (PolicyLoadError, ValueError) as exc:

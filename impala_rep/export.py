@@ -108,6 +108,8 @@ def load_policy(path: str) -> LoadedPolicy:
             meta = json.load(f)
     except (OSError, json.JSONDecodeError) as exc:
         raise PolicyLoadError(f"{os.path.join(directory, _META)} is unreadable or not JSON ({exc}).") from exc
+    if not isinstance(meta, dict):
+        raise PolicyLoadError(f"{os.path.join(directory, _META)} holds {type(meta).__name__}, not a JSON object.")
     if meta.get("format") != FORMAT_VERSION:
         raise PolicyLoadError(
             f"{directory} holds policy format {meta.get('format')!r}; this version reads format {FORMAT_VERSION}."
@@ -117,7 +119,15 @@ def load_policy(path: str) -> LoadedPolicy:
             params = {k: data[k] for k in data.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise PolicyLoadError(f"{os.path.join(directory, _PARAMS)} is missing or corrupt ({exc}).") from exc
+    bad = sorted(k for k, v in params.items() if v.dtype.kind == "f" and not np.all(np.isfinite(v)))
+    if bad:
+        raise PolicyLoadError(
+            f"{os.path.join(directory, _PARAMS)} holds NaN or infinite values (in {', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}): the run that saved it had diverged; use an earlier export."
+        )
     try:
+        if not isinstance(meta.get("env"), str) or not isinstance(meta.get("env_kwargs", {}), dict):
+            raise ValueError("'env' must be an env id and 'env_kwargs' an object")
         env_spec = EnvSpec.from_json(meta["env_spec"])
         frame_stack = {k: int(v) for k, v in meta["frame_stack"].items()}
         config = NetworkConfig(**meta["network"])

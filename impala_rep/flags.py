@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any, Dict, List, Optional
 
 from impala_rep.config import LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
 
-__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "UsageError"]
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "MAX_SEED", "UsageError"]
 
 
 class UsageError(ValueError):
@@ -28,18 +29,43 @@ def _int_at_least(minimum: int, what: str):
     return parse
 
 
+MAX_SEED = 2**31 - 1  # actors add up to a few thousand per process and env; NumPy's RandomState takes < 2**32
+
+
+def seed_flag(text: str) -> int:
+    """An argparse type for --seed: a whole number from 0 to MAX_SEED."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_SEED}, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_SEED}, got {value}")
+    return value
+
+
 _positive_int = _int_at_least(1, "a positive integer")
 _nonnegative_int = _int_at_least(0, "a whole number (0 or more)")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
+def _float_in(what: str, low: Optional[float] = None, high: Optional[float] = None, low_open: bool = False):
+    """An argparse type: a finite float within [low, high] (or (low, high] with ``low_open``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected {what} (a finite number), got {text!r}")
+        if (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value:g}")
+        return value
+
+    return parse
+
+
+_positive_float = _float_in("a positive number", 0.0, low_open=True)
+_nonnegative_float = _float_in("a number of 0 or more", 0.0)
+_finite_float = _float_in("a number")
 
 
 def add_learner_flags(parser: argparse.ArgumentParser) -> None:
@@ -64,16 +90,16 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--policy", choices=("auto", "categorical", "gaussian", "discretised"), default="auto",
                    help="policy head; auto = categorical for discrete actions, gaussian for continuous")
     g.add_argument("--bins", type=_positive_int, default=11, help="bins per action dimension for --policy discretised")
-    g.add_argument("--discount", type=float, default=0.99)
-    g.add_argument("--learning-rate", type=float, default=6e-4)
-    g.add_argument("--entropy-cost", type=float, default=0.01)
-    g.add_argument("--baseline-cost", type=float, default=0.5)
+    g.add_argument("--discount", type=_float_in("a discount from 0 to 1", 0.0, 1.0), default=0.99)
+    g.add_argument("--learning-rate", type=_positive_float, default=6e-4)
+    g.add_argument("--entropy-cost", type=_nonnegative_float, default=0.01)
+    g.add_argument("--baseline-cost", type=_nonnegative_float, default=0.5)
     g.add_argument("--reward-scale", type=_positive_float, default=None,
                    help="multiply rewards in the loss (default: 1/action-repeat for dmc/ ids, whose repeated "
                         "rewards are summed, else 1)")
     g.add_argument("--reward-clip", type=_positive_float, default=None,
                    help="clip (scaled) rewards to [-x, x] in the loss (IMPALA's Atari setting: 1)")
-    g.add_argument("--clip-norm", type=float, default=40.0, help="global-norm gradient clip")
+    g.add_argument("--clip-norm", type=_positive_float, default=40.0, help="global-norm gradient clip")
     g.add_argument("--no-anneal", action="store_true", help="keep the learning rate constant instead of annealing it to 0")
     g.add_argument("--lr-warmup", type=_nonnegative_int, default=None, metavar="STEPS",
                    help="ramp the learning rate up linearly over the first STEPS learner steps (default: 100, or "
@@ -83,7 +109,7 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="what the learner network's torsos compute in: float32 (default) or bfloat16 (mixed "
                         "precision: variables, gradients and the actors' parameters stay float32). bfloat16 is "
                         "fast on TPUs, recent GPUs and CPUs with AVX512-BF16 or AMX, and slow where it is emulated")
-    g.add_argument("--replay-ratio", type=float, default=0.0, metavar="R",
+    g.add_argument("--replay-ratio", type=_finite_float, default=0.0, metavar="R",
                    help="share of each batch drawn from recently trained-on unrolls, 0 <= R < 1 (IMPALA's "
                         "experience replay; V-trace corrects for the older policies); default 0: none")
     g.add_argument("--replay-unrolls", type=_positive_int, default=None, metavar="N",
@@ -91,7 +117,7 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--total-steps", type=_positive_int, default=2_000_000,
                    help="budget in agent steps trained on (each is action-repeat env frames; a replayed "
                         "unroll counts once, when fresh)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=seed_flag, default=0)
     g.add_argument("--queue-unrolls", type=_positive_int, default=None,
                    help="bound of the learner's unroll queue (default: 2 batches)")
     g.add_argument("--desync-steps", type=_nonnegative_int, default=None, metavar="N",
@@ -155,33 +181,41 @@ def _desync_steps(args: argparse.Namespace, env_kwargs: Dict[str, Any]) -> int:
     return -(-1000 // repeat) if args.env.startswith("dmc/") and repeat is not None else 0
 
 
-def check_logdir(path: str) -> None:
-    """Raises UsageError with a sentence when ``path`` cannot be (or hold) a run directory.
+def check_output_path(path: str, flag: str, directory: bool = False) -> None:
+    """Raises UsageError with a sentence when ``path`` cannot be written as ``flag``'s output.
 
-    Checked before the run starts (probes, TensorFlow, actors), without creating anything:
-    ``path`` must be a writable directory, or not exist under a writable directory.
+    Checked before the work starts, without creating anything: ``path`` must be an existing
+    directory (``directory``) or file, or not exist under a directory that can be written.
     """
+    kind = "a directory" if directory else "a file"
     if not path:
-        raise UsageError("--logdir is empty; give the run directory, e.g. --logdir runs/walker.")
-    if os.path.lexists(path) and not os.path.isdir(path):
-        if os.path.islink(path):
-            raise UsageError(
-                f"--logdir {path} is a broken symbolic link (to {os.readlink(path)}); create its target "
-                "or give another run directory."
-            )
-        raise UsageError(f"--logdir {path} exists and is not a directory; give a directory for the run.")
+        raise UsageError(f"{flag} is empty; give {kind}.")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise UsageError(f"{flag} {path} is a broken symbolic link (to {os.readlink(path)}); create its target "
+                         f"or give another path.")
+    if os.path.exists(path) and os.path.isdir(path) != directory:
+        raise UsageError(f"{flag} {path} exists and is not {kind}; give {kind}.")
     probe = os.path.abspath(path)
-    while not os.path.lexists(probe):  # the nearest existing ancestor is where the run directory will be made
+    while not os.path.lexists(probe):  # the nearest existing ancestor is where it will be made
         probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise UsageError(f"--logdir {path} cannot be created: {probe} is not a directory.")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"--logdir {path} cannot be written: {probe} is not writable by this user.")
+    target = probe if probe != os.path.abspath(path) or directory else os.path.dirname(probe)
+    if not os.path.isdir(target):
+        raise UsageError(f"{flag} {path} cannot be created: {target} is not a directory.")
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path} cannot be written: {target} is not writable by this user.")
+
+
+def check_logdir(path: str) -> None:
+    """Raises UsageError with a sentence when ``path`` cannot be (or hold) a run directory."""
+    check_output_path(path, "--logdir", directory=True)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Builds the RunConfig (raises ConfigError/EnvError/UsageError with a sentence on bad values)."""
     check_logdir(args.logdir)
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if path is not None and not os.path.isfile(path):
+            raise UsageError(f"{flag} {path} is not a file; give a PEM file (README: Transport and security).")
     network: Dict[str, Any] = {"torso": args.network, "policy": args.policy, "bins": args.bins}
     if args.lstm_size is not None:
         network["lstm_size"] = args.lstm_size

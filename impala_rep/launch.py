@@ -212,7 +212,7 @@ def main(argv=None) -> int:
     status = 0
     try:
         trainer.train(stop, on_tick=tick)
-        if supervisor.all_given_up:
+        if supervisor.all_given_up or trainer.diverged:
             status = 1
     except KeyboardInterrupt:
         log.warning("aborted")

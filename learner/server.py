@@ -269,16 +269,23 @@ class LearnerServer:
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         target = f"{self.host}:{self._requested_port}"
-        if self._tls is not None:
-            with open(self._tls[0], "rb") as f:
-                cert = f.read()
-            with open(self._tls[1], "rb") as f:
-                key = f.read()
-            port = server.add_secure_port(target, grpc.ssl_server_credentials([(key, cert)]))
-        else:
-            port = server.add_insecure_port(target)
+        why = "is the port in use, or the host not an interface of this machine?"
+        try:
+            if self._tls is not None:
+                why = "is the port in use, the host not an interface here, or the certificate and key not a PEM pair?"
+                with open(self._tls[0], "rb") as f:
+                    cert = f.read()
+                with open(self._tls[1], "rb") as f:
+                    key = f.read()
+                port = server.add_secure_port(target, grpc.ssl_server_credentials([(key, cert)]))
+            else:
+                port = server.add_insecure_port(target)
+        except OSError as exc:  # an unreadable certificate or key
+            raise OSError(f"cannot read the TLS certificate or key: {exc}.") from None
+        except RuntimeError:  # grpcio's "Failed to bind"
+            port = 0
         if port == 0:
-            raise OSError(f"could not bind {target}; is the port in use or the host not an interface here?")
+            raise OSError(f"could not listen on {target}: {why}")
         self._stopping.clear()
         server.start()
         self._server, self.port = server, port

@@ -247,3 +247,12 @@ def test_actor_rejects_a_learners_bad_desync_steps_with_a_sentence(bad):
     cfg = {"env": "catch", "env_kwargs": {}, "network": {}, "desync_steps": bad}
     with pytest.raises(ValueError, match="run_config has desync_steps=.*expected a whole number of agent steps"):
         build_actor(_Client(cfg), 1, 0)
+
+
+def test_actor_says_so_when_the_learners_network_settings_are_from_another_version():
+    from actors.run import build_actor
+
+    cfg = {"env": "catch", "env_kwargs": {}, "network": {"torso": "shallow", "attention_heads": 4}}
+    with pytest.raises(ValueError, match="network settings .* are not ones this actor can build .*"
+                                         "an impala_rep learner of this version"):
+        build_actor(_Client(cfg), 1, 0)

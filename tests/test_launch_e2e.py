@@ -195,6 +195,43 @@ def test_bfloat16_learner_trains_and_exports_a_float32_policy(tmp_path):
     assert params and all(p.dtype == np.float32 and np.all(np.isfinite(p)) for p in params.values())
 
 
+def test_a_diverged_run_stops_with_a_sentence_and_keeps_the_last_good_checkpoint(tmp_path):
+    import numpy as np
+
+    from impala_rep.export import load_policy
+
+    logdir = str(tmp_path / "run")
+    first = launch(*CATCH, "--actors", "2", "--total-steps", "4000", "--logdir", logdir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = sorted(os.listdir(os.path.join(logdir, "checkpoints")))
+    policy_before = json.load(open(os.path.join(logdir, "policy", "policy.json")))
+    # Resumed with a learning rate of 1e12, clipping at 1e30 (none) and no warm-up, the
+    # parameters turn NaN or infinite within a few updates.
+    proc = launch(*CATCH, "--actors", "2", "--total-steps", "80000", "--learning-rate", "1e12", "--clip-norm", "1e30",
+                  "--lr-warmup", "0", "--logdir", logdir)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "made the network's parameters NaN or infinite" in proc.stderr, proc.stderr[-3000:]
+    assert f"the last checkpoint ({policy_before['checkpoint']}) and exported policy are from before it" in proc.stderr
+    assert "Lower --learning-rate or --clip-norm" in proc.stderr and "Traceback" not in proc.stderr
+    # Nothing after the divergence was saved: the checkpoints and the exported policy are the first run's.
+    assert sorted(os.listdir(os.path.join(logdir, "checkpoints"))) == before
+    assert json.load(open(os.path.join(logdir, "policy", "policy.json"))) == policy_before
+    params = load_policy(logdir).network.params
+    assert params and all(np.all(np.isfinite(p)) for p in params.values())
+
+    # Resuming with settings whose checkpoint differs (a constant learning rate with no warm-up
+    # is a variable, an annealed one a schedule), or with a corrupt checkpoint index, is a sentence too.
+    other = launch(*CATCH, "--actors", "1", "--total-steps", "8000", "--no-anneal", "--lr-warmup", "0",
+                   "--logdir", logdir)
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr[-3000:]
+    assert f"cannot resume from {os.path.join(logdir, 'checkpoints', policy_before['checkpoint'])}" in other.stderr
+    with open(os.path.join(logdir, "checkpoints", "checkpoint"), "w") as f:
+        f.write("garbage")
+    corrupt = launch(*CATCH, "--actors", "1", "--total-steps", "8000", "--logdir", logdir)
+    assert corrupt.returncode == 2 and "Traceback" not in corrupt.stderr, corrupt.stderr[-3000:]
+    assert "names none of them (missing or corrupt)" in corrupt.stderr, corrupt.stderr[-3000:]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -535,3 +535,116 @@ def test_actor_process_stops_on_sigterm_while_the_learner_is_away(tmp_path):
             proc.wait()
     assert code == 0, log.read_text()
     assert f"stopped while waiting for the learner at 127.0.0.1:{port}" in log.read_text()
+
+
+def test_load_policy_refuses_non_finite_parameters_and_malformed_metadata(tmp_path):
+    import json as json_
+
+    import numpy as np
+
+    import envs
+    from impala_rep.export import PolicyLoadError, load_policy, save_policy
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.networks.numpy_backend import NumpyNetwork
+    from impala_rep.specs import env_spec_from_dm_env
+
+    spec = env_spec_from_dm_env(envs.make("catch", seed=0))
+    net = NumpyNetwork(NetworkConfig(), spec.observations, spec.action, seed=3)
+    meta = {"env": "catch", "env_spec": spec.to_json(), "network": {}, "frame_stack": {}}
+    diverged = dict(net.params)
+    name = sorted(diverged)[-1]
+    diverged[name] = np.full_like(diverged[name], np.nan)
+    save_policy(str(tmp_path / "nan"), diverged, meta)
+    with pytest.raises(PolicyLoadError, match=f"holds NaN or infinite values \\(in {name}\\).*diverged"):
+        load_policy(str(tmp_path / "nan"))
+    for case, edit, sentence in [
+        ("list", lambda m: [], "holds list, not a JSON object"),
+        ("noenv", lambda m: {k: v for k, v in m.items() if k != "env"}, "'env' must be an env id"),
+        ("kwargs", lambda m: dict(m, env_kwargs=[1]), "'env_kwargs' an object"),
+    ]:
+        policy_json = tmp_path / case / "policy.json"
+        save_policy(str(tmp_path / case), net.params, meta)
+        policy_json.write_text(json_.dumps(edit(json_.loads(policy_json.read_text()))))
+        with pytest.raises(PolicyLoadError, match=sentence):
+            load_policy(str(tmp_path / case))
+
+
+def test_evaluate_checks_its_output_paths_before_running_episodes(tmp_path, capsys, monkeypatch):
+    import impala_rep.evaluate as ev
+
+    ran = []
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: ran.append(a) or {})
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [
+        (["--report", str(tmp_path)], f"--report {tmp_path} exists and is not a file"),
+        (["--video", str(a_file / "v.mp4")], f"--video {a_file / 'v.mp4'} cannot be created: {a_file} is not a directory"),
+        (["--video", str(tmp_path / "v.txt")], "name a video file ending in one of .mp4, .gif"),
+    ]
+    for argv, sentence in cases:
+        assert ev.main([str(tmp_path), *argv]) == 2
+        assert sentence in capsys.readouterr().err
+    assert not ran  # no episode ran for any of them
+
+
+@pytest.mark.parametrize(
+    "argv, sentence",
+    [
+        (["--discount", "nan"], "--discount: expected a discount from 0 to 1 (a finite number), got 'nan'"),
+        (["--discount", "1.5"], "--discount: expected a discount from 0 to 1, got 1.5"),
+        (["--learning-rate", "inf"], "--learning-rate: expected a positive number (a finite number), got 'inf'"),
+        (["--learning-rate", "0"], "--learning-rate: expected a positive number, got 0"),
+        (["--entropy-cost", "-0.1"], "--entropy-cost: expected a number of 0 or more, got -0.1"),
+        (["--clip-norm", "0"], "--clip-norm: expected a positive number, got 0"),
+        (["--reward-scale", "inf"], "--reward-scale: expected a positive number (a finite number), got 'inf'"),
+        (["--replay-ratio", "nan"], "--replay-ratio: expected a number (a finite number), got 'nan'"),
+        (["--seed", "-5"], "--seed: expected a whole number from 0 to 2147483647, got -5"),
+        (["--env-arg", "seed=3"], "seed is not an env arg: each env's seed comes from --seed"),
+        (["--tls-cert", "/no/such.pem", "--tls-key", "/no/such.key"], "--tls-cert /no/such.pem is not a file"),
+    ],
+)
+def test_bad_numbers_seeds_and_files_are_sentences_before_anything_starts(argv, sentence, capsys):
+    from impala_rep.launch import main
+
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as exc:
+        main(["--env", "catch", "--actors", "1", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert sentence in err and "Traceback" not in err, err
+    assert time.monotonic() - t0 < 5  # before the probes
+
+
+@pytest.mark.parametrize(
+    "argv, sentence",
+    [
+        (["--give-up-after", "nan"], "--give-up-after must be a positive number of seconds, got nan"),
+        (["--max-actor-restarts", "-1", "--actors", "2", "--actor-processes", "2"],
+         "--max-actor-restarts must be 0 or more, got -1"),
+        (["--tls-ca", "/no/such.pem"], "--tls-ca /no/such.pem is not a file"),
+        (["--seed", "-1"], "--seed: expected a whole number from 0 to 2147483647, got -1"),
+    ],
+)
+def test_actor_flags_are_checked(argv, sentence, capsys):
+    from actors.run import main
+
+    with pytest.raises(SystemExit):
+        main(["--learner-address", "127.0.0.1:50051", *argv])
+    assert sentence in capsys.readouterr().err
+
+
+def test_a_half_written_metrics_record_is_cut_off_when_a_run_resumes(tmp_path):
+    from learner.run import open_metrics_log
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"time": 1, "agent_steps": 10}\n{"time": 2, "agent_st')
+    with open_metrics_log(str(path)) as f:
+        f.write('{"time": 3, "agent_steps": 30}\n')
+    assert [json.loads(line)["agent_steps"] for line in path.read_text().splitlines()] == [10, 30]
+    path.write_text('{"time": 1, "agent_steps": 10}\n')  # a whole file is left as it is
+    with open_metrics_log(str(path)) as f:
+        f.write('{"time": 3, "agent_steps": 30}\n')
+    assert [json.loads(line)["agent_steps"] for line in path.read_text().splitlines()] == [10, 30]
+    with open_metrics_log(str(tmp_path / "new.jsonl")) as f:  # and a new one is created
+        f.write("{}\n")
+    assert (tmp_path / "new.jsonl").read_text() == "{}\n"

@@ -3,6 +3,7 @@ reconnect, queue bound under a flood, stream limit, TLS, default bind address.""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -293,3 +294,27 @@ def test_server_argument_checks():
         LearnerServer(spec, T, UnrollQueue(1), ParameterStore(), token="")
     with pytest.raises(ValueError, match="max_message_bytes"):
         LearnerServer(spec, T, UnrollQueue(1), ParameterStore(), max_message_bytes=10)
+
+
+def test_a_server_that_cannot_listen_says_why_in_a_sentence(tmp_path):
+    from test_transport_helpers import T, FRAME_STACK
+
+    busy = start_server(small_spec())
+    try:
+        port = int(busy.address.rsplit(":", 1)[1])
+        cases = [
+            (dict(host="127.0.0.1", port=port), "is the port in use, or the host not an interface of this machine?"),
+            (dict(host="10.254.254.254", port=0), "could not listen on 10.254.254.254:0"),
+        ]
+        not_pem = tmp_path / "not.pem"
+        not_pem.write_text("not a certificate")
+        cases.append((dict(host="127.0.0.1", port=0, tls_cert_file=str(not_pem), tls_key_file=str(not_pem)),
+                      "the certificate and key not a PEM pair?"))
+        cases.append((dict(host="127.0.0.1", port=0, tls_cert_file=str(tmp_path / "missing.pem"),
+                           tls_key_file=str(not_pem)), "cannot read the TLS certificate or key"))
+        for kwargs, sentence in cases:
+            server = LearnerServer(small_spec(), T, UnrollQueue(4), ParameterStore(), frame_stack=FRAME_STACK, **kwargs)
+            with pytest.raises(OSError, match=re.escape(sentence)):
+                server.start()
+    finally:
+        busy.stop(0)
