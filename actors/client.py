@@ -75,7 +75,14 @@ class InvalidUnrollError(TransportError, ValueError):
 
 
 class AuthenticationError(TransportError, PermissionError):
-    """The learner refused the token (UNAUTHENTICATED)."""
+    """The learner refused the token (UNAUTHENTICATED), or TLS with it failed (a certificate
+    that does not verify or does not name the learner's address): retrying cannot help."""
+
+
+# What gRPC's UNAVAILABLE carries when the TLS handshake itself failed (measured with grpcio
+# 1.85: a self-signed certificate that is not the one trusted, one without the address in its
+# subjectAltName), as opposed to a learner that is away.
+_TLS_FAILURES = ("Hostname Verification Check failed", "Tls handshake failed", "CERTIFICATE_VERIFY_FAILED")
 
 
 class LearnerUnavailableError(TransportError, ConnectionError):
@@ -355,6 +362,14 @@ class LearnerClient:
             return InvalidUnrollError(f"the learner rejected an unroll: {e.details()}")
         if code == grpc.StatusCode.UNAUTHENTICATED:
             return AuthenticationError(f"the learner refused this client: {e.details()}")
+        details = e.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE and any(marker in details for marker in _TLS_FAILURES):
+            return AuthenticationError(
+                f"TLS with the learner at {self.address} failed: {details}. "
+                "The certificate trusted with --tls-ca must be the learner's, and name the address the actors "
+                "use in its subjectAltName (README, Transport and security, gives an openssl command for "
+                "127.0.0.1 and localhost)."
+            )
         if code in _RETRYABLE:
             return None
         return TransportError(f"the learner answered {code.name}: {e.details()}")

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 from impala_rep.config import LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
 
-__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "MAX_SEED", "UsageError"]
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "MAX_SEED", "positive_float", "nonnegative_float", "int_at_least", "UsageError"]
 
 
 class UsageError(ValueError):
@@ -43,6 +43,7 @@ def seed_flag(text: str) -> int:
     return value
 
 
+int_at_least = _int_at_least  # for the scripts
 _positive_int = _int_at_least(1, "a positive integer")
 _nonnegative_int = _int_at_least(0, "a whole number (0 or more)")
 
@@ -63,8 +64,8 @@ def _float_in(what: str, low: Optional[float] = None, high: Optional[float] = No
     return parse
 
 
-_positive_float = _float_in("a positive number", 0.0, low_open=True)
-_nonnegative_float = _float_in("a number of 0 or more", 0.0)
+positive_float = _positive_float = _float_in("a positive number", 0.0, low_open=True)
+nonnegative_float = _nonnegative_float = _float_in("a number of 0 or more", 0.0)
 _finite_float = _float_in("a number")
 
 

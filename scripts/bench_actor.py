@@ -115,11 +115,13 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
 
 
 def main(argv=None) -> int:
+    from impala_rep.flags import positive_float
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="synthetic", help="a scripts/benchmark.py workload (default synthetic)")
     parser.add_argument("--envs", type=int, default=16, help="envs stepped together, as in one actor process (default 16)")
     parser.add_argument("--unroll-length", type=int, default=20)
-    parser.add_argument("--seconds", type=float, default=10.0,
+    parser.add_argument("--seconds", type=positive_float, default=10.0,
                         help="timed seconds in all: half for the loop, a quarter for each part, in 3 rounds")
     parser.add_argument("--refresh", action="store_true", help="new parameters after every unroll")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

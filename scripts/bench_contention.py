@@ -124,24 +124,23 @@ def summarise(alone: Mapping[str, float], beside_rates: Mapping[str, float], cor
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from impala_rep.flags import positive_float
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="synthetic", choices=list(benchmark.WORKLOADS),
                         help="which workload's pieces (default synthetic)")
     parser.add_argument("--batch", type=int, default=32,
                         help="the policy's batch: envs per actor process (default 32, the launcher's plan for "
                              "synthetic's 32 actors on 2 cores; 16 for pixel cartpole's 2 processes)")
-    parser.add_argument("--seconds", type=float, default=12.0, help="each timed piece's window (default 12)")
-    parser.add_argument("--settle", type=float, default=15.0,
+    parser.add_argument("--seconds", type=positive_float, default=12.0, help="each timed piece's window (default 12)")
+    parser.add_argument("--settle", type=positive_float, default=15.0,
                         help="seconds the neighbour runs before the timed piece starts (default 15)")
-    parser.add_argument("--cores", type=float, default=None, help="cores for the ceilings (default: this process's)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="limit for each timed piece (default 300)")
+    parser.add_argument("--cores", type=positive_float, default=None, help="cores for the ceilings (default: this process's)")
+    parser.add_argument("--timeout", type=positive_float, default=300.0, help="limit for each timed piece (default 300)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     args = parser.parse_args(argv)
-    for name in ("batch", "seconds", "settle", "timeout"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name} must be positive, got {getattr(args, name)}.")
-    if args.cores is not None and args.cores <= 0:
-        parser.error(f"--cores must be positive, got {args.cores}.")
+    if args.batch <= 0:
+        parser.error(f"--batch must be positive, got {args.batch}.")
     return args
 
 
@@ -224,4 +223,7 @@ def summary(out: Mapping[str, Any]) -> str:
 
 
 if __name__ == "__main__":
+    from benchmark import stop_on_sigterm
+
+    stop_on_sigterm()
     sys.exit(main())

@@ -31,6 +31,8 @@ DEFAULT_TASKS = ("dmc/cartpole-swingup", "dmc/walker-walk", "dmc/cheetah-run")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from impala_rep.flags import positive_float
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", default=list(DEFAULT_TASKS), help="env ids to measure")
     parser.add_argument("--presets", nargs="+", default=["standard", "fast"], choices=["standard", "fast", "auto"])
@@ -50,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="which rate picks the best of --repeats (CPU time is steadier on a busy machine)",
     )
     parser.add_argument("--steps", type=int, default=1000, help="at most this many agent steps per run")
-    parser.add_argument("--seconds", type=float, default=15.0, help="at most this long per run")
+    parser.add_argument("--seconds", type=positive_float, default=15.0, help="at most this long per run")
     parser.add_argument("--cpu", type=int, default=None, help="pin the process to this CPU")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)

@@ -145,12 +145,14 @@ def run_setting(n_clients, procs, seconds, warmup, batch, unroll_length=20, size
 
 
 def main(argv=None):
+    from impala_rep.flags import int_at_least, nonnegative_float, positive_float
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--procs", type=int, default=4, help="client processes (at most one per client)")
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured time per setting (bounded)")
-    parser.add_argument("--warmup", type=float, default=1.5)
-    parser.add_argument("--batch", type=int, default=0, help="also build learner batches of this size (0: just drain)")
+    parser.add_argument("--clients", type=int_at_least(1, "a positive number of clients"), nargs="+", default=[1, 8, 64])
+    parser.add_argument("--procs", type=int_at_least(1, "a positive number of processes"), default=4, help="client processes (at most one per client)")
+    parser.add_argument("--seconds", type=positive_float, default=5.0, help="measured time per setting (bounded)")
+    parser.add_argument("--warmup", type=nonnegative_float, default=1.5)
+    parser.add_argument("--batch", type=int_at_least(0, "a batch size (0: none)"), default=0, help="also build learner batches of this size (0: just drain)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.seconds > 120:

@@ -26,14 +26,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # entry point: s
 def main(argv=None) -> int:
     from benchmark import run_launch_window
 
+    from impala_rep.flags import nonnegative_float, positive_float
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="dmc/cartpole-swingup")
     parser.add_argument("--actors", type=int, nargs="+", default=[2, 8, 64])
-    parser.add_argument("--warmup", type=float, default=30.0, help="seconds after the first learner step before the window")
-    parser.add_argument("--seconds", type=float, default=60.0, help="measurement window")
-    parser.add_argument("--log-interval", type=float, default=2.0, help="the run's metrics interval in seconds")
-    parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds allowed until the window could open")
-    parser.add_argument("--stop-timeout", type=float, default=60.0, help="seconds allowed for a clean stop")
+    parser.add_argument("--warmup", type=nonnegative_float, default=30.0, help="seconds after the first learner step before the window")
+    parser.add_argument("--seconds", type=positive_float, default=60.0, help="measurement window")
+    parser.add_argument("--log-interval", type=positive_float, default=2.0, help="the run's metrics interval in seconds")
+    parser.add_argument("--startup-timeout", type=positive_float, default=300.0, help="seconds allowed until the window could open")
+    parser.add_argument("--stop-timeout", type=positive_float, default=60.0, help="seconds allowed for a clean stop")
     parser.add_argument("--keep-logdir", action="store_true", help="keep each run's temporary directory")
     parser.add_argument("--json", action="store_true")
     args, extra = parser.parse_known_args(argv)
@@ -59,4 +61,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from benchmark import stop_on_sigterm
+
+    stop_on_sigterm()
     sys.exit(main())

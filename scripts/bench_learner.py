@@ -92,6 +92,8 @@ def run_one(args) -> dict:
 
 
 def main(argv=None) -> int:
+    from impala_rep.flags import nonnegative_float, positive_float
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torso", nargs="+", default=["shallow", "deep"], choices=["shallow", "deep"])
     parser.add_argument("--replicas", nargs="+", type=int, default=[1, 2, 4])
@@ -112,12 +114,12 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32",
                         help="what the network's torsos compute in (the launcher's --learner-precision; default float32)")
     parser.add_argument("--warmup-steps", type=int, default=2)
-    parser.add_argument("--warmup-seconds", type=float, default=20.0)
+    parser.add_argument("--warmup-seconds", type=nonnegative_float, default=20.0)
     parser.add_argument("--min-steps", type=int, default=3)
     parser.add_argument("--max-steps", type=int, default=50)
-    parser.add_argument("--seconds", type=float, default=15.0, help="measurement window (after min-steps)")
+    parser.add_argument("--seconds", type=positive_float, default=15.0, help="measurement window (after min-steps)")
     parser.add_argument("--threads", type=int, default=0, help="the learner's TensorFlow threads, split over CPU replicas as the launcher splits them (0: TF default)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="per-configuration subprocess limit")
+    parser.add_argument("--timeout", type=positive_float, default=600.0, help="per-configuration subprocess limit")
     parser.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

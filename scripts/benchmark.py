@@ -548,6 +548,15 @@ def signal_tree(pid: int, sig: int) -> List[int]:
     return reached
 
 
+def stop_on_sigterm() -> None:
+    """Entry points: SIGTERM raises KeyboardInterrupt, so the ``finally`` clauses stop the runs
+    and pieces this process started (in their own sessions, they would outlive it)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def _stop_launch(proc: subprocess.Popen, timeout: float) -> Optional[int]:
     """SIGTERM (clean stop: final checkpoint, actors stopped); SIGKILL the tree after ``timeout``."""
     if proc.poll() is not None:
@@ -760,6 +769,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     from impala_rep.config import LEARNER_PRECISIONS
     from impala_rep.launch import parse_learner_threads
 
+    from impala_rep.flags import nonnegative_float, positive_float
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), metavar="WORKLOAD",
                         help=f"which workloads (default all): {', '.join(WORKLOADS)}")
@@ -774,10 +785,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--learner-precision", choices=LEARNER_PRECISIONS, default="float32",
                         help="what the learner network computes in, in the learner piece and the end-to-end run "
                              "(the launcher's --learner-precision; default float32)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="end-to-end measurement window (default 60)")
-    parser.add_argument("--warmup", type=float, default=30.0,
+    parser.add_argument("--seconds", type=positive_float, default=60.0, help="end-to-end measurement window (default 60)")
+    parser.add_argument("--warmup", type=nonnegative_float, default=30.0,
                         help="seconds after the first learner step before the window opens (default 30)")
-    parser.add_argument("--piece-seconds", type=float, default=6.0,
+    parser.add_argument("--piece-seconds", type=positive_float, default=6.0,
                         help="measurement time of each ceiling piece in each round (default 6)")
     parser.add_argument("--slices", type=int, default=3,
                         help="with both parts: the end-to-end window is cut into this many slices, and the run is "
@@ -786,13 +797,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=None,
                         help="with --parts ceiling alone: rounds of the pieces (default 2); each piece's rate is the "
                              "harmonic mean of its rounds")
-    parser.add_argument("--cores", type=float, default=None,
+    parser.add_argument("--cores", type=positive_float, default=None,
                         help="cores the ceiling is computed for (default: the cores this process may use)")
-    parser.add_argument("--log-interval", type=float, default=1.0, help="the run's metrics interval in seconds (default 1)")
-    parser.add_argument("--startup-timeout", type=float, default=300.0,
+    parser.add_argument("--log-interval", type=positive_float, default=1.0, help="the run's metrics interval in seconds (default 1)")
+    parser.add_argument("--startup-timeout", type=positive_float, default=300.0,
                         help="seconds allowed until the first learner step (default 300)")
-    parser.add_argument("--stop-timeout", type=float, default=60.0, help="seconds allowed for a clean stop (default 60)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="limit for each ceiling-piece subprocess (default 300)")
+    parser.add_argument("--stop-timeout", type=positive_float, default=60.0, help="seconds allowed for a clean stop (default 60)")
+    parser.add_argument("--timeout", type=positive_float, default=300.0, help="limit for each ceiling-piece subprocess (default 300)")
     parser.add_argument("--keep-logdir", action="store_true", help="keep the end-to-end run's temporary directory")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     parser.add_argument("--child", choices=["env", "inference"], help=argparse.SUPPRESS)
@@ -806,11 +817,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--actors must be at least 1, got {args.actors}.")
     if args.actor_processes is not None and not 1 <= args.actor_processes <= args.actors:
         parser.error(f"--actor-processes must be between 1 and --actors ({args.actors}), got {args.actor_processes}.")
-    for name in ("seconds", "piece_seconds", "log_interval", "startup_timeout", "stop_timeout", "timeout"):
-        if not getattr(args, name) > 0:
-            parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds, got {getattr(args, name)}.")
-    if args.warmup < 0:
-        parser.error(f"--warmup must be zero or more seconds, got {args.warmup}.")
     if args.slices < 1:
         parser.error(f"--slices must be at least 1, got {args.slices}.")
     if args.rounds is not None and args.rounds < 1:
@@ -820,8 +826,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                      "--slices + 1 pauses (set --slices).")
     if args.rounds is None:
         args.rounds = args.slices + 1 if "e2e" in args.parts and "ceiling" in args.parts else 2
-    if args.cores is not None and not args.cores > 0:
-        parser.error(f"--cores must be positive, got {args.cores}.")
     if args.seconds < 2 * args.log_interval:
         parser.error(f"--seconds ({args.seconds}) must span at least two metrics records "
                      f"(2 x --log-interval = {2 * args.log_interval}).")
@@ -1011,4 +1015,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     sys.exit(main())

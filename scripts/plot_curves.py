@@ -252,6 +252,8 @@ def plot(runs: Sequence[Run], out: str, title: Optional[str] = None) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from impala_rep.flags import positive_float
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (or metrics.jsonl files)")
     parser.add_argument("--out", default="curves.png", help="PNG to write (default curves.png)")
@@ -259,7 +261,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--title", default=None, help="figure title")
     parser.add_argument("--no-eval", action="store_true", help="do not overlay RUN_DIR/eval/*.json reports")
     parser.add_argument("--rows", type=int, default=8, help="rows per run in the markdown table (default 8)")
-    parser.add_argument("--max-gap", type=float, default=300.0,
+    parser.add_argument("--max-gap", type=positive_float, default=300.0,
                         help="seconds between records beyond which the run counts as stopped (default 300)")
     args = parser.parse_args(argv)
     if args.labels is not None and len(args.labels) != len(args.runs):
@@ -270,6 +272,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--max-gap must be a positive number of seconds, got {args.max_gap}.")
     if not args.out.lower().endswith(".png"):
         parser.error(f"--out must name a .png file, got {args.out!r}.")
+    from impala_rep.flags import UsageError, check_output_path
+
+    try:
+        check_output_path(args.out, "--out")
+    except UsageError as exc:
+        parser.error(str(exc))
     return args
 
 

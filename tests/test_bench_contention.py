@@ -138,9 +138,9 @@ def test_beside_reports_a_neighbour_that_ends_during_the_piece(bc):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--seconds", "0"], "--seconds must be positive, got 0.0."),
+    (["--seconds", "0"], "--seconds: expected a positive number, got 0"),
     (["--batch", "-1"], "--batch must be positive, got -1."),
-    (["--cores", "0"], "--cores must be positive, got 0.0."),
+    (["--cores", "0"], "--cores: expected a positive number, got 0"),
     (["--workload", "dmc/nope"], "invalid choice: 'dmc/nope'"),
 ])
 def test_flag_errors_are_sentences(bc, argv, message, capsys):

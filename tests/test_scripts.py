@@ -140,10 +140,10 @@ def test_read_metrics_skips_a_half_written_line(tmp_path):
         (["--actors", "2", "--actor-processes", "3"], "--actor-processes must be between 1 and --actors"),
         (["--actors", "0"], "--actors must be at least 1"),
         (["--workloads", "pong"], "unknown workload"),
-        (["--warmup", "-1"], "--warmup must be zero or more"),
-        (["--seconds", "0"], "--seconds must be a positive number"),
+        (["--warmup", "-1"], "--warmup: expected a number of 0 or more, got -1"),
+        (["--seconds", "0"], "--seconds: expected a positive number, got 0"),
         (["--seconds", "1", "--log-interval", "1"], "at least two metrics records"),
-        (["--cores", "0"], "--cores must be positive"),
+        (["--cores", "0"], "--cores: expected a positive number, got 0"),
         (["--parts", "ceiling", "--rounds", "0"], "--rounds must be at least 1"),
         (["--rounds", "3"], "--rounds is for --parts ceiling alone"),
         (["--slices", "0"], "--slices must be at least 1"),
@@ -487,6 +487,40 @@ def test_stop_launch_kills_a_process_that_ignores_sigterm():
     child.stdout.close()
 
 
+def test_sigterm_to_bench_launch_stops_the_run_it_started(tmp_path):
+    # The launcher runs in its own session; before, a SIGTERM to the script left it running
+    # with its budget of 10**12 agent steps.
+    import signal
+
+    log = tmp_path / "bench.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(SCRIPTS / "bench_launch.py"), "--env", "catch", "--actors", "1",
+                                 "--warmup", "300", "--seconds", "2", "--log-interval", "0.5"],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=str(SCRIPTS.parent))
+    launcher = None
+    try:
+        deadline = time.monotonic() + 120
+        while launcher is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            found = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "impala_rep.launch"],
+                                   capture_output=True, text=True).stdout.split()
+            launcher = int(found[0]) if found else None
+        assert launcher is not None, log.read_text()[-2000:]
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+        gone = time.monotonic() + 30
+        while time.monotonic() < gone and os.path.exists(f"/proc/{launcher}"):
+            time.sleep(0.2)
+        assert not os.path.exists(f"/proc/{launcher}"), "the launcher outlived the script"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if launcher is not None and os.path.exists(f"/proc/{launcher}"):
+            os.killpg(launcher, signal.SIGKILL)
+
+
 # ----------------------------------------------------------------------------- plot_curves.py
 
 
@@ -590,6 +624,7 @@ def test_plot_curves_errors_are_sentences(tmp_path, capsys, setup, message):
         (["a", "b", "--labels", "x"], "give one per run"),
         (["a", "--out", "x.svg"], "must name a .png"),
         (["a", "--rows", "0"], "--rows must be at least 1"),
+        (["a", "--out", "/etc/hostname/x.png"], "--out /etc/hostname/x.png cannot be created: /etc/hostname is not a directory"),
     ],
 )
 def test_plot_curves_flag_errors(argv, message, capsys):
@@ -636,10 +671,27 @@ def test_bench_actor_times_the_loop_and_its_parts():
 @pytest.mark.parametrize("argv,message", [
     (["--workload", "atari"], "unknown workload 'atari'"),
     (["--envs", "0"], "--envs and --unroll-length must be at least 1 and --seconds positive"),
-    (["--seconds", "0"], "--envs and --unroll-length must be at least 1 and --seconds positive"),
+    (["--seconds", "0"], "--seconds: expected a positive number, got 0"),
 ])
 def test_bench_actor_bad_arguments_get_sentences(argv, message):
     cmd = [sys.executable, str(SCRIPTS / "bench_actor.py"), "--seconds", "0.1"] + argv
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=str(SCRIPTS.parent))
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "script, argv, message",
+    [
+        ("benchmark", ["--warmup", "nan"], "--warmup: expected a number of 0 or more (a finite number), got 'nan'"),
+        ("benchmark", ["--seconds", "inf"], "--seconds: expected a positive number (a finite number), got 'inf'"),
+        ("bench_launch", ["--warmup", "nan"], "--warmup: expected a number of 0 or more (a finite number)"),
+        ("bench_ingest", ["--clients", "0"], "--clients: expected a positive number of clients, got 0"),
+        ("bench_contention", ["--settle", "-1"], "--settle: expected a positive number, got -1"),
+    ],
+)
+def test_script_numbers_must_be_finite_and_in_range(script, argv, message):
+    # A NaN window never closed (bench_launch waited until its own limit); zero clients measured nothing.
+    proc = subprocess.run([sys.executable, str(SCRIPTS / f"{script}.py"), *argv], capture_output=True, text=True,
+                          timeout=60, cwd=str(SCRIPTS.parent))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]

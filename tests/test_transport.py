@@ -318,3 +318,25 @@ def test_a_server_that_cannot_listen_says_why_in_a_sentence(tmp_path):
                 server.start()
     finally:
         busy.stop(0)
+
+
+def test_a_certificate_that_does_not_name_the_address_fails_at_once_with_a_sentence(tmp_path):
+    # Retried as "learner away" before, an actor waited --give-up-after (300 s) per restart.
+    from actors.client import AuthenticationError
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=otherhost"], check=True, capture_output=True)
+    server = start_server(small_spec(), tls_cert_file=str(cert), tls_key_file=str(key))
+    try:
+        client = LearnerClient(server.address, root_certificates=str(cert), give_up_after_s=60)
+        t0 = time.monotonic()
+        with pytest.raises(AuthenticationError, match="TLS with the learner at .* failed: .*Hostname Verification"
+                                                      ".*name the address the actors use in its subjectAltName"):
+            client.connect()
+        assert time.monotonic() - t0 < 10
+        client.close(drain=False)
+    finally:
+        server.stop(0)
