@@ -71,9 +71,16 @@ def probe_env(
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
         raise EnvProbeError(f"making env {env_id!r} failed (exit code {proc.returncode}):\n{tail}")
-    lines = proc.stdout.strip().splitlines()
-    result = json.loads(lines[-1])
+    # The env may print too (on creation, on close, at exit): the result is the marked line.
+    marked = [line[len(_RESULT_MARK):] for line in proc.stdout.splitlines() if line.startswith(_RESULT_MARK)]
+    if not marked:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+        raise EnvProbeError(f"the probe of env {env_id!r} ended without its result; its output ended with:\n{tail}")
+    result = json.loads(marked[-1])
     return EnvSpec.from_json(result["spec"]), result.get("costs")
+
+
+_RESULT_MARK = "impala_rep.probe result: "
 
 
 def _time_costs(env, spec: EnvSpec, request: Mapping[str, Any]) -> Dict[str, Any]:
@@ -115,7 +122,7 @@ def _main(argv) -> int:
     result: Dict[str, Any] = {"spec": spec.to_json()}
     if "costs" in request:
         result["costs"] = _time_costs(env, spec, request["costs"])
-    print(json.dumps(result))
+    print(_RESULT_MARK + json.dumps(result))
     sys.stdout.flush()
     close = getattr(env, "close", None)
     if close is not None:

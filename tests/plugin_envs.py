@@ -65,6 +65,24 @@ def make_failing_step(seed=None):
     return FailingStep(seed=seed)
 
 
+class Chatty(Counter):
+    """Prints on creation, on close and at exit, as some user envs do."""
+
+    def __init__(self, seed=None):
+        print("chatty env: hello")
+        import atexit
+
+        atexit.register(print, "chatty env: goodbye")
+        super().__init__(seed=seed)
+
+    def close(self):
+        print("chatty env: closing")
+
+
+def make_chatty(seed=None):
+    return Chatty(seed=seed)
+
+
 def make_raising(**kwargs):
     raise RuntimeError("simulator licence not found")
 

@@ -140,3 +140,16 @@ def test_probe_reports_an_env_it_cannot_time_and_still_returns_the_spec(monkeypa
     spec, costs = probe_env("plugin_envs:make_failing_step", costs=wanted)
     assert spec.action.num_values == 2
     assert costs == {"error": "could not time the env under random actions: RuntimeError: step is not implemented yet"}
+
+
+def test_probe_reads_its_result_past_what_the_env_prints(monkeypatch):
+    # An env printing on close or at exit made the probe's last line not JSON ("Expecting value").
+    import os
+
+    from impala_rep.probe import probe_env
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    spec, costs = probe_env("plugin_envs:make_chatty", costs={"network": {"torso": "auto", "policy": "auto"},
+                                                             "frame_stack": 3, "batch": 2})
+    assert [s.shape for s in spec.observations.values()] == [(2,)] and costs["env"]["seconds_per_step"] > 0
