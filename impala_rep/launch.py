@@ -174,6 +174,9 @@ def main(argv=None) -> int:
             plan = plan_actors(config.actors, config.env, config.env_kwargs, processes)
     except (ValueError, PlanError) as exc:
         parser.error(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C while probing: nothing has started yet
+        log.warning("interrupted before training started")
+        return 130
     log.info("plan: %s (%s)", plan.describe(), processes_why)
 
     # The learner gets its share of the cores by cost (impala_rep.costs). Measured on 2 cores

@@ -648,3 +648,14 @@ def test_a_half_written_metrics_record_is_cut_off_when_a_run_resumes(tmp_path):
     with open_metrics_log(str(tmp_path / "new.jsonl")) as f:  # and a new one is created
         f.write("{}\n")
     assert (tmp_path / "new.jsonl").read_text() == "{}\n"
+
+
+def test_ctrl_c_while_probing_ends_the_launch_without_a_traceback(monkeypatch):
+    import impala_rep.probe
+    from impala_rep.launch import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(impala_rep.probe, "probe_env", interrupted)
+    assert main(["--env", "catch", "--actors", "1"]) == 130
