@@ -101,6 +101,7 @@ class Trainer:
             os.makedirs(config.logdir, exist_ok=True)
         except OSError as exc:
             raise ValueError(f"cannot create the run directory {config.logdir}: {exc.strerror or exc}.") from None
+        self._lock_file = lock_run_dir(config.logdir)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, os.path.join(config.logdir, "checkpoints"), max_to_keep=config.keep_checkpoints
         )
@@ -274,6 +275,7 @@ class Trainer:
             self.batcher.close()
             self._metrics_file.close()
             self._writer.close()
+            self._lock_file.close()
 
     # ------------------------------------------------------------------ training
 
@@ -470,6 +472,38 @@ def install_stop_handlers(stop: threading.Event) -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+
+
+RUN_DIR_PARTS = ("checkpoints", "policy", "summaries", "eval", "actors")
+
+
+def lock_run_dir(logdir: str):
+    """Takes the run directory for this learner (an exclusive ``flock`` on ``LOGDIR/.lock``,
+    released when the process ends) and checks that its parts can be written, so that a
+    second learner on the same directory, or a file where a part's directory goes, is a
+    sentence at start rather than a crash after training. Returns the open lock file."""
+    import fcntl
+
+    for part in RUN_DIR_PARTS:
+        path = os.path.join(logdir, part)
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise ValueError(f"{path} is not a directory, and the run writes one there; move it away.")
+    lock = open(os.path.join(logdir, ".lock"), "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise ValueError(
+            f"{logdir} is in use by another learner ({holder}); two runs would overwrite each other's "
+            "checkpoints. Stop it, or give this run another --logdir."
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}")
+    lock.flush()
+    return lock
 
 
 def open_metrics_log(path: str):

@@ -659,3 +659,20 @@ def test_ctrl_c_while_probing_ends_the_launch_without_a_traceback(monkeypatch):
 
     monkeypatch.setattr(impala_rep.probe, "probe_env", interrupted)
     assert main(["--env", "catch", "--actors", "1"]) == 130
+
+
+def test_a_run_directory_is_taken_by_one_learner_and_its_parts_must_be_directories(tmp_path):
+    import os
+
+    from learner.run import lock_run_dir
+
+    first = lock_run_dir(str(tmp_path))
+    try:
+        with pytest.raises(ValueError, match=f"{tmp_path} is in use by another learner \\(pid {os.getpid()}\\)"):
+            lock_run_dir(str(tmp_path))
+    finally:
+        first.close()
+    lock_run_dir(str(tmp_path)).close()  # free again once the first learner let go
+    (tmp_path / "checkpoints").write_text("not a directory")
+    with pytest.raises(ValueError, match="checkpoints is not a directory, and the run writes one there"):
+        lock_run_dir(str(tmp_path))
