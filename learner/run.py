@@ -143,7 +143,7 @@ class Trainer:
         self.action_repeat = env_action_repeat(config)
         self._returns: collections.deque = collections.deque(maxlen=100)
         self._writer = tf.summary.create_file_writer(os.path.join(config.logdir, "summaries"))
-        self._metrics_file = open_metrics_log(os.path.join(config.logdir, "metrics.jsonl"))
+        self._metrics_file = open_metrics_log(os.path.join(config.logdir, "metrics.jsonl"), fresh=not config.resume)
         self._last_checkpoint = time.monotonic()
         # Set (to a sentence) when an update made the parameters non-finite: training stops and
         # nothing from that update on is saved, so the last checkpoint and export stay good.
@@ -506,9 +506,19 @@ def lock_run_dir(logdir: str):
     return lock
 
 
-def open_metrics_log(path: str):
+def open_metrics_log(path: str, fresh: bool = False):
     """Opens ``metrics.jsonl`` for appending; a record that an earlier run left half-written
-    (it was killed mid-line) is cut off first, so that the next record starts a line."""
+    (it was killed mid-line) is cut off first, so that the next record starts a line.
+
+    ``fresh`` (a run started with --no-resume): an earlier run's records are kept, renamed to
+    ``metrics-before-<time>.jsonl``, instead of mixed with the new run's.
+    """
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, and the run writes its metrics there; move it away.")
+    if fresh and os.path.isfile(path) and os.path.getsize(path) > 0:
+        kept = os.path.join(os.path.dirname(path), time.strftime("metrics-before-%Y%m%d-%H%M%S.jsonl"))
+        os.replace(path, kept)
+        log.info("--no-resume: the earlier run's metrics are kept in %s", kept)
     if os.path.isfile(path) and os.path.getsize(path) > 0:
         with open(path, "rb+") as f:
             size = f.seek(0, os.SEEK_END)

@@ -676,3 +676,18 @@ def test_a_run_directory_is_taken_by_one_learner_and_its_parts_must_be_directori
     (tmp_path / "checkpoints").write_text("not a directory")
     with pytest.raises(ValueError, match="checkpoints is not a directory, and the run writes one there"):
         lock_run_dir(str(tmp_path))
+
+
+def test_a_fresh_start_keeps_the_earlier_runs_metrics_apart(tmp_path):
+    from learner.run import open_metrics_log
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"time": 1, "agent_steps": 10}\n')
+    with open_metrics_log(str(path), fresh=True) as f:
+        f.write('{"time": 5, "agent_steps": 1}\n')
+    assert path.read_text() == '{"time": 5, "agent_steps": 1}\n'
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("metrics-before-")]
+    assert len(kept) == 1 and kept[0].read_text() == '{"time": 1, "agent_steps": 10}\n'
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(ValueError, match="is a directory, and the run writes its metrics there"):
+        open_metrics_log(str(tmp_path / "dir"))
