@@ -56,12 +56,6 @@ class Trainer:
         from impala_rep.networks import NetworkConfig
         from impala_rep.networks.numpy_backend import NumpyNetwork
         from impala_rep.replicator import make_replicator
-        from learner.batcher import Batcher, PrefetchingBatcher
-        from learner.evaluator import PolicyEvaluator
-        from learner.params import ParameterStore
-        from learner.queue import UnrollQueue
-        from learner.server import LearnerServer
-
         self.config = config
         self.env_spec = env_spec
         self.frame_stack = frame_stack_keys(env_spec.observations, config.frame_stack)
@@ -95,6 +89,12 @@ class Trainer:
                 f"internal mismatch between the learner step's batch spec and the transport's: "
                 f"{sorted(expected ^ produced)}."
             )
+        capacity = config.queue_unrolls or 2 * config.batch_size
+        if capacity < config.batch_size:
+            raise ValueError(
+                f"--queue-unrolls {capacity} is smaller than --batch-size {config.batch_size}; "
+                "the queue must hold at least one batch."
+            )
         self.agent_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="agent_steps")
         self.checkpoint = tf.train.Checkpoint(agent_steps=self.agent_steps, **self.step.checkpoint_objects())
         try:
@@ -102,6 +102,23 @@ class Trainer:
         except OSError as exc:
             raise ValueError(f"cannot create the run directory {config.logdir}: {exc.strerror or exc}.") from None
         self._lock_file = lock_run_dir(config.logdir)
+        try:
+            self._open_run(config)
+        except BaseException:
+            self._lock_file.close()  # this process may go on (tests, notebooks): free the directory
+            raise
+
+    def _open_run(self, config: RunConfig) -> None:
+        """The rest of __init__, run while holding the run directory: restore, queue, server,
+        batcher, summaries, metrics and evaluator."""
+        import tensorflow as tf
+
+        from learner.batcher import Batcher, PrefetchingBatcher
+        from learner.evaluator import PolicyEvaluator
+        from learner.params import ParameterStore
+        from learner.queue import UnrollQueue
+        from learner.server import LearnerServer
+
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, os.path.join(config.logdir, "checkpoints"), max_to_keep=config.keep_checkpoints
         )
@@ -115,13 +132,7 @@ class Trainer:
             )
         with open(os.path.join(config.logdir, "config.json"), "w") as f:
             f.write(config.dumps())
-        capacity = config.queue_unrolls or 2 * config.batch_size
-        if capacity < config.batch_size:
-            raise ValueError(
-                f"--queue-unrolls {capacity} is smaller than --batch-size {config.batch_size}; "
-                "the queue must hold at least one batch."
-            )
-        self.queue = UnrollQueue(capacity=capacity)
+        self.queue = UnrollQueue(capacity=config.queue_unrolls or 2 * config.batch_size)
         self.params = ParameterStore()
         self.params.publish(self.step.get_params()[1], version=self.learner_step + 1)
         self.server = LearnerServer(
