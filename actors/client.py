@@ -82,7 +82,8 @@ class AuthenticationError(TransportError, PermissionError):
 # What gRPC's UNAVAILABLE carries when the TLS handshake itself failed (measured with grpcio
 # 1.85: a self-signed certificate that is not the one trusted, one without the address in its
 # subjectAltName), as opposed to a learner that is away.
-_TLS_FAILURES = ("Hostname Verification Check failed", "Tls handshake failed", "CERTIFICATE_VERIFY_FAILED")
+# Only certificate checks: a handshake cut short by a reset connection stays retryable.
+_TLS_FAILURES = ("Hostname Verification Check failed", "CERTIFICATE_VERIFY_FAILED")
 
 
 class LearnerUnavailableError(TransportError, ConnectionError):
@@ -365,10 +366,10 @@ class LearnerClient:
         details = e.details() or ""
         if code == grpc.StatusCode.UNAVAILABLE and any(marker in details for marker in _TLS_FAILURES):
             return AuthenticationError(
-                f"TLS with the learner at {self.address} failed: {details}. "
+                f"TLS with the learner at {self.address} failed: {details.rstrip('.')}. "
                 "The certificate trusted with --tls-ca must be the learner's, and name the address the actors "
-                "use in its subjectAltName (README, Transport and security, gives an openssl command for "
-                "127.0.0.1 and localhost)."
+                "use (or the ssl_target_name given to the client) in its subjectAltName (README, Transport and "
+                "security, gives an openssl command for 127.0.0.1 and localhost)."
             )
         if code in _RETRYABLE:
             return None

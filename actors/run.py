@@ -139,18 +139,18 @@ def check_address(address: str) -> Optional[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from impala_rep.flags import seed_flag  # TensorFlow-free
+    from impala_rep.flags import MAX_ACTOR_SEED, seed_type  # TensorFlow-free
 
     parser = argparse.ArgumentParser(prog="python -m actors.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--learner-address", required=True, help="HOST:PORT of the learner")
     parser.add_argument("--actors", type=int, default=1, help="envs acting in parallel (default 1)")
     parser.add_argument("--actor-processes", type=int, default=1, help="processes sharing the envs (default 1)")
     parser.add_argument("--actor-id", default=None, help="name in the learner's metrics (default actor-PID)")
-    parser.add_argument("--seed", type=seed_flag, default=0)
+    parser.add_argument("--seed", type=seed_type(MAX_ACTOR_SEED), default=0)
     parser.add_argument("--token", default=None, help="the learner's shared token (default $IMPALA_REP_TOKEN)")
     parser.add_argument("--tls-ca", default=None, help="PEM certificate to trust; enables TLS")
     parser.add_argument("--give-up-after", type=float, default=300.0,
-                        help="seconds without the learner before exiting (default 300)")
+                        help="seconds without the learner before exiting (default 300; inf: never)")
     parser.add_argument("--max-actor-restarts", type=int, default=10)
     parser.add_argument("--nice", type=int, default=0,
                         help="lower the actor processes' CPU priority by this much, 0-19, so that a learner on "
@@ -171,8 +171,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(address_problem)
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be between 0 and 19, got {args.nice}.")
-    if not (math.isfinite(args.give_up_after) and args.give_up_after > 0):
-        parser.error(f"--give-up-after must be a positive number of seconds, got {args.give_up_after}.")
+    if not args.give_up_after > 0:  # NaN and 0 too; inf is "never"
+        parser.error(f"--give-up-after must be a positive number of seconds (or inf: never), got {args.give_up_after}.")
     if args.max_actor_restarts < 0:
         parser.error(f"--max-actor-restarts must be 0 or more, got {args.max_actor_restarts}.")
     if args.tls_ca is not None and not os.path.isfile(args.tls_ca):
@@ -188,7 +188,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     stop = threading.Event()
     actor_id = args.actor_id or f"actor-{os.getpid()}"
     client = LearnerClient(args.learner_address, token=token, root_certificates=args.tls_ca,
-                           actor_id=actor_id, give_up_after_s=args.give_up_after)
+                           actor_id=actor_id,
+                           give_up_after_s=None if math.isinf(args.give_up_after) else args.give_up_after)
 
     def on_signal(*_):
         # From a thread: Event.set() inside a handler can deadlock on a lock the interrupted

@@ -122,7 +122,8 @@ def evaluate(
     return report
 
 
-VIDEO_SUFFIXES = (".mp4", ".gif", ".mkv", ".avi", ".mov", ".webm")
+# What imageio (its ffmpeg and pillow plugins) writes frames to.
+VIDEO_SUFFIXES = (".mp4", ".gif", ".mkv", ".avi", ".mov", ".webm", ".webp", ".apng")  # each written here
 
 
 def _write_video(path: str, frames: List[np.ndarray], fps: int = 30) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 from impala_rep.config import LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
 
-__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "MAX_SEED", "positive_float", "nonnegative_float", "int_at_least", "UsageError"]
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "nonnegative_float", "int_at_least", "UsageError"]
 
 
 class UsageError(ValueError):
@@ -29,18 +29,27 @@ def _int_at_least(minimum: int, what: str):
     return parse
 
 
-MAX_SEED = 2**31 - 1  # actors add up to a few thousand per process and env; NumPy's RandomState takes < 2**32
+MAX_SEED = 2**31 - 1  # the run's --seed; actors derive theirs from it (below)
+# An actor process's --seed: the launcher gives process i seed + 1000 * (i + 1), and env j of
+# a process seed + j. NumPy's RandomState takes seeds below 2**32.
+MAX_ACTOR_SEED = 2**32 - 2**20
 
 
-def seed_flag(text: str) -> int:
-    """An argparse type for --seed: a whole number from 0 to MAX_SEED."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_SEED}, got {text!r}") from None
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_SEED}, got {value}")
-    return value
+def seed_type(maximum: int = MAX_SEED):
+    """An argparse type for a seed: a whole number from 0 to ``maximum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {maximum}, got {text!r}") from None
+        if not 0 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {maximum}, got {value}")
+        return value
+
+    return parse
+
+
+seed_flag = seed_type(MAX_SEED)
 
 
 int_at_least = _int_at_least  # for the scripts

@@ -122,7 +122,7 @@ def _main(argv) -> int:
     result: Dict[str, Any] = {"spec": spec.to_json()}
     if "costs" in request:
         result["costs"] = _time_costs(env, spec, request["costs"])
-    print(_RESULT_MARK + json.dumps(result))
+    print("\n" + _RESULT_MARK + json.dumps(result))  # on a line of its own, whatever the env printed
     sys.stdout.flush()
     close = getattr(env, "close", None)
     if close is not None:

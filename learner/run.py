@@ -105,7 +105,13 @@ class Trainer:
         try:
             self._open_run(config)
         except BaseException:
-            self._lock_file.close()  # this process may go on (tests, notebooks): free the directory
+            # This process may go on (tests, notebooks): free the directory and what was opened.
+            for name in ("queue", "batcher", "_writer", "_metrics_file"):
+                part = getattr(self, name, None)
+                if part is not None:
+                    part.close()
+            if self._lock_file is not None:
+                self._lock_file.close()
             raise
 
     def _open_run(self, config: RunConfig) -> None:
@@ -175,11 +181,13 @@ class Trainer:
         directory = os.path.join(config.logdir, "checkpoints")
         latest = self.manager.latest_checkpoint
         if latest is None:
-            saved = [n for n in os.listdir(directory) if n.startswith("ckpt-")] if os.path.isdir(directory) else []
+            saved = ([n for n in os.listdir(directory) if n.startswith("ckpt-") and n.endswith(".index")]
+                     if os.path.isdir(directory) else [])
             if saved:
                 raise ValueError(
-                    f"{directory} holds checkpoint files but its index file 'checkpoint' names none of them "
-                    "(missing or corrupt); restore it, or start with --no-resume or another --logdir."
+                    f"{directory} holds checkpoints ({', '.join(sorted(saved)[-3:])}) but its index file "
+                    "'checkpoint' names none of them (missing or corrupt): start with --no-resume or another "
+                    "--logdir, or write the index back (a line: model_checkpoint_path: \"ckpt-N\")."
                 )
             return
         try:
@@ -191,6 +199,7 @@ class Trainer:
                 f"(network, env, --no-anneal, ...; TensorFlow says: {first[:300]}). Resume with the flags "
                 "of the run that wrote it, or start with --no-resume or another --logdir."
             ) from None
+        self.step.restore_configured_learning_rate()
         self.restored_from = latest
 
     # ------------------------------------------------------------------ specs
@@ -286,7 +295,8 @@ class Trainer:
             self.batcher.close()
             self._metrics_file.close()
             self._writer.close()
-            self._lock_file.close()
+            if self._lock_file is not None:
+                self._lock_file.close()
 
     # ------------------------------------------------------------------ training
 
@@ -492,14 +502,19 @@ def lock_run_dir(logdir: str):
     """Takes the run directory for this learner (an exclusive ``flock`` on ``LOGDIR/.lock``,
     released when the process ends) and checks that its parts can be written, so that a
     second learner on the same directory, or a file where a part's directory goes, is a
-    sentence at start rather than a crash after training. Returns the open lock file."""
+    sentence at start rather than a crash after training. Returns the open lock file, or None
+    where the file system cannot lock (a warning says so)."""
     import fcntl
 
     for part in RUN_DIR_PARTS:
         path = os.path.join(logdir, part)
         if os.path.lexists(path) and not os.path.isdir(path):
             raise ValueError(f"{path} is not a directory, and the run writes one there; move it away.")
-    lock = open(os.path.join(logdir, ".lock"), "a+")
+    path = os.path.join(logdir, ".lock")
+    try:
+        lock = open(path, "a+")
+    except OSError as exc:
+        raise ValueError(f"cannot write {path} ({exc.strerror or exc}); give a run directory this user can write.") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -510,6 +525,11 @@ def lock_run_dir(logdir: str):
             f"{logdir} is in use by another learner ({holder}); two runs would overwrite each other's "
             "checkpoints. Stop it, or give this run another --logdir."
         ) from None
+    except OSError as exc:  # a file system without flock (some NFS, Lustre or FUSE mounts)
+        log.warning("cannot lock %s (%s): nothing stops a second learner from using this run directory",
+                    path, exc.strerror or exc)
+        lock.close()
+        return None
     lock.seek(0)
     lock.truncate()
     lock.write(f"pid {os.getpid()}")
@@ -527,7 +547,10 @@ def open_metrics_log(path: str, fresh: bool = False):
     if os.path.isdir(path):
         raise ValueError(f"{path} is a directory, and the run writes its metrics there; move it away.")
     if fresh and os.path.isfile(path) and os.path.getsize(path) > 0:
-        kept = os.path.join(os.path.dirname(path), time.strftime("metrics-before-%Y%m%d-%H%M%S.jsonl"))
+        stem = os.path.join(os.path.dirname(path), time.strftime("metrics-before-%Y%m%d-%H%M%S"))
+        kept, n = stem + ".jsonl", 1
+        while os.path.exists(kept):  # two fresh starts in one second
+            kept, n = f"{stem}-{n}.jsonl", n + 1
         os.replace(path, kept)
         log.info("--no-resume: the earlier run's metrics are kept in %s", kept)
     if os.path.isfile(path) and os.path.getsize(path) > 0:

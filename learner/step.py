@@ -592,6 +592,13 @@ class LearnerStep:
                 for name, value in params.items():
                     by_name[name].assign(value)
 
+    def restore_configured_learning_rate(self) -> None:
+        """After a checkpoint restore: a constant learning rate is an optimizer variable, so
+        the restore brought back the rate of the run that wrote it; this puts this run's back
+        (a schedule is not state: it follows the restored step counter)."""
+        if isinstance(self._lr_schedule, float):
+            self.optimizer.learning_rate.assign(self._lr_schedule)
+
     def checkpoint_objects(self) -> Dict[str, Any]:
         """What to checkpoint: ``tf.train.Checkpoint(**learner.checkpoint_objects())``.
 

@@ -115,6 +115,7 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
 
 
 def main(argv=None) -> int:
+    sys.path[:0] = [str(SCRIPTS), str(REPO)]
     from impala_rep.flags import positive_float
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -128,7 +129,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     # One thread, like the benchmark's ceiling pieces and the launcher's actor processes (set
     # before NumPy or MuJoCo is imported).
-    sys.path[:0] = [str(SCRIPTS), str(REPO)]
     from impala_rep.plan import ACTOR_THREAD_VARS
 
     os.environ.update({name: "1" for name in ACTOR_THREAD_VARS})

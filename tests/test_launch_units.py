@@ -618,11 +618,11 @@ def test_bad_numbers_seeds_and_files_are_sentences_before_anything_starts(argv, 
 @pytest.mark.parametrize(
     "argv, sentence",
     [
-        (["--give-up-after", "nan"], "--give-up-after must be a positive number of seconds, got nan"),
+        (["--give-up-after", "nan"], "--give-up-after must be a positive number of seconds (or inf: never), got nan"),
         (["--max-actor-restarts", "-1", "--actors", "2", "--actor-processes", "2"],
          "--max-actor-restarts must be 0 or more, got -1"),
         (["--tls-ca", "/no/such.pem"], "--tls-ca /no/such.pem is not a file"),
-        (["--seed", "-1"], "--seed: expected a whole number from 0 to 2147483647, got -1"),
+        (["--seed", "-1"], "--seed: expected a whole number from 0 to 4293918720, got -1"),
     ],
 )
 def test_actor_flags_are_checked(argv, sentence, capsys):
@@ -691,3 +691,35 @@ def test_a_fresh_start_keeps_the_earlier_runs_metrics_apart(tmp_path):
     (tmp_path / "dir").mkdir()
     with pytest.raises(ValueError, match="is a directory, and the run writes its metrics there"):
         open_metrics_log(str(tmp_path / "dir"))
+
+
+def test_the_largest_run_seed_gives_actor_seeds_the_actors_accept(capsys):
+    from actors.run import build_parser as actor_parser
+    from actors.run import main as actor_main
+    from actors.supervisor import actor_process_commands
+    from impala_rep.flags import MAX_SEED
+
+    commands = actor_process_commands("127.0.0.1:50051", [8] * 16, MAX_SEED)
+    seeds = [actor_parser().parse_args(cmd[3:]).seed for cmd in commands]
+    assert seeds[-1] == MAX_SEED + 16000 and seeds[-1] + 8 < 2**32  # NumPy's RandomState limit
+    # --give-up-after inf (never) is accepted: the error is the next check's.
+    with pytest.raises(SystemExit):
+        actor_main(["--learner-address", "127.0.0.1:50051", "--give-up-after", "inf", "--actors", "2",
+                    "--actor-processes", "2", "--max-actor-restarts", "-1"])
+    err = capsys.readouterr().err
+    assert "--max-actor-restarts must be 0 or more" in err and "error: --give-up-after" not in err
+
+
+def test_a_file_system_without_locks_runs_unlocked_with_a_warning(tmp_path, monkeypatch, caplog):
+    import errno
+    import fcntl
+
+    from learner.run import lock_run_dir
+
+    def no_locks(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with caplog.at_level("WARNING"):
+        assert lock_run_dir(str(tmp_path)) is None
+    assert "nothing stops a second learner from using this run directory" in caplog.text

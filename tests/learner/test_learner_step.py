@@ -184,6 +184,23 @@ def test_checkpoint_round_trip(batches, tmp_path):
         np.testing.assert_array_equal(after_1[1][name], after_2[1][name])
 
 
+def test_a_resumed_constant_learning_rate_is_this_runs_not_the_checkpoints(batches, tmp_path):
+    # A constant rate is an optimizer variable: a restore brings back the writer's rate, so a
+    # run resumed with a lower --learning-rate (say, after diverging) kept the old one.
+    constant = dict(warmup_steps=0, anneal_steps=None)
+    learner = _tiny_learner(2, optimizer_config=OptimizerConfig(learning_rate=1e-3, **constant))
+    learner.train(batches[0])
+    path = tf.train.Checkpoint(**learner.checkpoint_objects()).save(str(tmp_path / "ckpt"))
+    resumed = _tiny_learner(2, optimizer_config=OptimizerConfig(learning_rate=1e-5, **constant))
+    tf.train.Checkpoint(**resumed.checkpoint_objects()).restore(path).assert_existing_objects_matched()
+    assert np.isclose(float(resumed.optimizer.learning_rate.numpy()), 1e-3)  # the checkpoint's
+    resumed.restore_configured_learning_rate()
+    assert np.isclose(float(resumed.optimizer.learning_rate.numpy()), 1e-5)
+    # A schedule follows the restored step counter and is left alone.
+    annealed = _tiny_learner(2, optimizer_config=OptimizerConfig(learning_rate=1e-3, warmup_steps=0, anneal_steps=10))
+    annealed.restore_configured_learning_rate()
+
+
 def test_bad_batches_and_configs_are_sentences(batches):
     learner = _tiny_learner(2)
     bad = dict(batches[0])
