@@ -16,7 +16,7 @@ class UsageError(ValueError):
     """A flag value is invalid; the message says which and what is accepted."""
 
 
-def _int_at_least(minimum: int, what: str):
+def int_at_least(minimum: int, what: str):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -52,9 +52,8 @@ def seed_type(maximum: int = MAX_SEED):
 seed_flag = seed_type(MAX_SEED)
 
 
-int_at_least = _int_at_least  # for the scripts
-_positive_int = _int_at_least(1, "a positive integer")
-_nonnegative_int = _int_at_least(0, "a whole number (0 or more)")
+_positive_int = int_at_least(1, "a positive integer")
+_nonnegative_int = int_at_least(0, "a whole number (0 or more)")
 
 
 def _float_in(what: str, low: Optional[float] = None, high: Optional[float] = None, low_open: bool = False):
@@ -73,8 +72,8 @@ def _float_in(what: str, low: Optional[float] = None, high: Optional[float] = No
     return parse
 
 
-positive_float = _positive_float = _float_in("a positive number", 0.0, low_open=True)
-nonnegative_float = _nonnegative_float = _float_in("a number of 0 or more", 0.0)
+positive_float = _float_in("a positive number", 0.0, low_open=True)
+nonnegative_float = _float_in("a number of 0 or more", 0.0)
 _finite_float = _float_in("a number")
 
 
@@ -101,15 +100,15 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="policy head; auto = categorical for discrete actions, gaussian for continuous")
     g.add_argument("--bins", type=_positive_int, default=11, help="bins per action dimension for --policy discretised")
     g.add_argument("--discount", type=_float_in("a discount from 0 to 1", 0.0, 1.0), default=0.99)
-    g.add_argument("--learning-rate", type=_positive_float, default=6e-4)
-    g.add_argument("--entropy-cost", type=_nonnegative_float, default=0.01)
-    g.add_argument("--baseline-cost", type=_nonnegative_float, default=0.5)
-    g.add_argument("--reward-scale", type=_positive_float, default=None,
+    g.add_argument("--learning-rate", type=positive_float, default=6e-4)
+    g.add_argument("--entropy-cost", type=nonnegative_float, default=0.01)
+    g.add_argument("--baseline-cost", type=nonnegative_float, default=0.5)
+    g.add_argument("--reward-scale", type=positive_float, default=None,
                    help="multiply rewards in the loss (default: 1/action-repeat for dmc/ ids, whose repeated "
                         "rewards are summed, else 1)")
-    g.add_argument("--reward-clip", type=_positive_float, default=None,
+    g.add_argument("--reward-clip", type=positive_float, default=None,
                    help="clip (scaled) rewards to [-x, x] in the loss (IMPALA's Atari setting: 1)")
-    g.add_argument("--clip-norm", type=_positive_float, default=40.0, help="global-norm gradient clip")
+    g.add_argument("--clip-norm", type=positive_float, default=40.0, help="global-norm gradient clip")
     g.add_argument("--no-anneal", action="store_true", help="keep the learning rate constant instead of annealing it to 0")
     g.add_argument("--lr-warmup", type=_nonnegative_int, default=None, metavar="STEPS",
                    help="ramp the learning rate up linearly over the first STEPS learner steps (default: 100, or "
@@ -138,10 +137,10 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("run directory")
     g.add_argument("--logdir", default="runs/default", help="checkpoints, policy, summaries, metrics.jsonl, config.json")
-    g.add_argument("--checkpoint-interval", type=_positive_float, default=600.0, help="seconds between checkpoints")
+    g.add_argument("--checkpoint-interval", type=positive_float, default=600.0, help="seconds between checkpoints")
     g.add_argument("--keep-checkpoints", type=_positive_int, default=3)
     g.add_argument("--no-resume", action="store_true", help="start fresh even if the logdir holds a checkpoint")
-    g.add_argument("--log-interval", type=_positive_float, default=5.0, help="seconds between progress lines")
+    g.add_argument("--log-interval", type=positive_float, default=5.0, help="seconds between progress lines")
     g.add_argument("--eval-episodes", type=_nonnegative_int, default=0, metavar="N",
                    help="evaluate each exported policy (every checkpoint and the last) on N episodes in a "
                         "separate process: eval/eval-STEP.json, eval/return in TensorBoard, a log line "
@@ -215,9 +214,19 @@ def check_output_path(path: str, flag: str, directory: bool = False) -> None:
         raise UsageError(f"{flag} {path} cannot be written: {target} is not writable by this user.")
 
 
+# The directories a run writes in its logdir.
+RUN_DIR_PARTS = ("checkpoints", "policy", "summaries", "eval", "actors")
+
+
 def check_logdir(path: str) -> None:
-    """Raises UsageError with a sentence when ``path`` cannot be (or hold) a run directory."""
+    """Raises UsageError with a sentence when ``path`` cannot be (or hold) a run directory: a
+    file where one of its parts' directories goes would let a run train and then lose its
+    final save."""
     check_output_path(path, "--logdir", directory=True)
+    for part in RUN_DIR_PARTS:
+        part_path = os.path.join(path, part)
+        if os.path.lexists(part_path) and not os.path.isdir(part_path):
+            raise UsageError(f"{part_path} is not a directory, and the run writes one there; move it away.")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 import numpy as np
 
 from impala_rep.config import RunConfig, actor_view, frame_stack_keys
+from impala_rep.flags import check_logdir
 from impala_rep.specs import ArraySpec, EnvSpec, stacked_observation_specs, unroll_spec
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ class Trainer:
             )
         self.agent_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="agent_steps")
         self.checkpoint = tf.train.Checkpoint(agent_steps=self.agent_steps, **self.step.checkpoint_objects())
+        check_logdir(config.logdir)  # the entry points checked it too, before their probes
         try:
             os.makedirs(config.logdir, exist_ok=True)
         except OSError as exc:
@@ -105,13 +107,7 @@ class Trainer:
         try:
             self._open_run(config)
         except BaseException:
-            # This process may go on (tests, notebooks): free the directory and what was opened.
-            for name in ("queue", "batcher", "_writer", "_metrics_file"):
-                part = getattr(self, name, None)
-                if part is not None:
-                    part.close()
-            if self._lock_file is not None:
-                self._lock_file.close()
+            self._release()  # this process may go on (tests, notebooks): free the directory
             raise
 
     def _open_run(self, config: RunConfig) -> None:
@@ -288,15 +284,15 @@ class Trainer:
                 if self.evaluator is not None:
                     self._report_eval(self.evaluator.wait(self.FINAL_EVAL_TIMEOUT_S))
         finally:
-            if self.evaluator is not None:
-                self.evaluator.close()
-            self.server.stop()
-            self.queue.close()
-            self.batcher.close()
-            self._metrics_file.close()
-            self._writer.close()
-            if self._lock_file is not None:
-                self._lock_file.close()
+            self._release()
+
+    def _release(self) -> None:
+        """Closes what the trainer opened, the run directory's lock last; also after a start
+        that failed part of the way (a part it did not reach is skipped)."""
+        for name in ("evaluator", "server", "queue", "batcher", "_metrics_file", "_writer", "_lock_file"):
+            part = getattr(self, name, None)
+            if part is not None:
+                part.stop() if name == "server" else part.close()
 
     # ------------------------------------------------------------------ training
 
@@ -495,21 +491,13 @@ def install_stop_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-RUN_DIR_PARTS = ("checkpoints", "policy", "summaries", "eval", "actors")
-
-
 def lock_run_dir(logdir: str):
     """Takes the run directory for this learner (an exclusive ``flock`` on ``LOGDIR/.lock``,
-    released when the process ends) and checks that its parts can be written, so that a
-    second learner on the same directory, or a file where a part's directory goes, is a
-    sentence at start rather than a crash after training. Returns the open lock file, or None
-    where the file system cannot lock (a warning says so)."""
+    released when the process ends), so that a second learner on the same directory is a
+    sentence at start. Returns the open lock file, or None where the file system cannot lock
+    (a warning says so)."""
     import fcntl
 
-    for part in RUN_DIR_PARTS:
-        path = os.path.join(logdir, part)
-        if os.path.lexists(path) and not os.path.isdir(path):
-            raise ValueError(f"{path} is not a directory, and the run writes one there; move it away.")
     path = os.path.join(logdir, ".lock")
     try:
         lock = open(path, "a+")

@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # entry point: s
 
 def main(argv=None) -> int:
     from benchmark import run_launch_window
-
     from impala_rep.flags import nonnegative_float, positive_float
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -767,9 +767,8 @@ def machine_info() -> Dict[str, Any]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     from impala_rep.config import LEARNER_PRECISIONS
-    from impala_rep.launch import parse_learner_threads
-
     from impala_rep.flags import nonnegative_float, positive_float
+    from impala_rep.launch import parse_learner_threads
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), metavar="WORKLOAD",

@@ -252,7 +252,7 @@ def plot(runs: Sequence[Run], out: str, title: Optional[str] = None) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from impala_rep.flags import positive_float
+    from impala_rep.flags import UsageError, check_output_path, positive_float
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (or metrics.jsonl files)")
@@ -268,12 +268,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--labels gives {len(args.labels)} label(s) for {len(args.runs)} run(s); give one per run.")
     if args.rows < 1:
         parser.error(f"--rows must be at least 1, got {args.rows}.")
-    if not args.max_gap > 0:
-        parser.error(f"--max-gap must be a positive number of seconds, got {args.max_gap}.")
     if not args.out.lower().endswith(".png"):
         parser.error(f"--out must name a .png file, got {args.out!r}.")
-    from impala_rep.flags import UsageError, check_output_path
-
     try:
         check_output_path(args.out, "--out")
     except UsageError as exc:

@@ -664,6 +664,7 @@ def test_ctrl_c_while_probing_ends_the_launch_without_a_traceback(monkeypatch):
 def test_a_run_directory_is_taken_by_one_learner_and_its_parts_must_be_directories(tmp_path):
     import os
 
+    from impala_rep.flags import check_logdir
     from learner.run import lock_run_dir
 
     first = lock_run_dir(str(tmp_path))
@@ -675,7 +676,7 @@ def test_a_run_directory_is_taken_by_one_learner_and_its_parts_must_be_directori
     lock_run_dir(str(tmp_path)).close()  # free again once the first learner let go
     (tmp_path / "checkpoints").write_text("not a directory")
     with pytest.raises(ValueError, match="checkpoints is not a directory, and the run writes one there"):
-        lock_run_dir(str(tmp_path))
+        check_logdir(str(tmp_path))
 
 
 def test_a_fresh_start_keeps_the_earlier_runs_metrics_apart(tmp_path):
