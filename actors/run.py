@@ -9,12 +9,12 @@ Never imports TensorFlow.
 
 import os
 
-from impala_rep.plan import ACTOR_THREAD_VARS  # TensorFlow- and NumPy-free
+from impala_rep.plan import ACTOR_THREAD_ENV  # TensorFlow- and NumPy-free
 
-# Entry point: one BLAS/OpenMP thread and one llvmpipe render thread per actor process,
-# set before NumPy or Mesa load.
-for _var in ACTOR_THREAD_VARS:
-    os.environ.setdefault(_var, "1")
+# Entry point: one BLAS/OpenMP thread per actor process and llvmpipe rendering in the
+# calling thread, set before NumPy or Mesa load (a value already set stays).
+for _var, _value in ACTOR_THREAD_ENV.items():
+    os.environ.setdefault(_var, _value)
 
 import argparse  # noqa: E402
 import logging  # noqa: E402

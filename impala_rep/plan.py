@@ -15,19 +15,24 @@ import dataclasses
 import os
 from typing import List, Optional
 
-__all__ = ["ActorPlan", "plan_actors", "split_envs", "available_memory_mb", "available_cores", "PlanError", "ACTOR_THREAD_VARS",
+__all__ = ["ActorPlan", "plan_actors", "split_envs", "available_memory_mb", "available_cores", "PlanError", "ACTOR_THREAD_ENV",
            "actor_process_env"]
 
-# Set to 1 in every actor process (and in the env probe, which times the actors' work): one
-# BLAS/OpenMP and one llvmpipe render thread each, since the plan runs a process per core.
-ACTOR_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS")
+# Set in every actor process (and in the env probe, which times the actors' work, and the
+# benchmark's pieces), since the plan runs a process per core: one BLAS/OpenMP thread, and
+# Mesa's llvmpipe rasterising in the calling thread (LP_NUM_THREADS=0: no render thread).
+# Measured on 2-core hosts (84x84, `fast` preset, one process): a render thread (=1) costs
+# the handoff to it on every frame; without it, the same pixels, bit for bit, and
+# cartpole-swingup 1,830-1,890 agent steps per CPU second against 1,380-1,600,
+# walker-walk 1,319 against 1,164, cheetah-run 1,644 against 1,423.
+ACTOR_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LP_NUM_THREADS": "0"}
 
 
 def actor_process_env() -> dict:
     """This process's environment for a child that runs envs as the actors do (actor processes,
-    the env probe, the evaluator): :data:`ACTOR_THREAD_VARS` at 1, MuJoCo on EGL unless set."""
+    the env probe, the evaluator): :data:`ACTOR_THREAD_ENV`, MuJoCo on EGL unless set."""
     env = dict(os.environ)
-    env.update({name: "1" for name in ACTOR_THREAD_VARS})
+    env.update(ACTOR_THREAD_ENV)
     env.setdefault("MUJOCO_GL", "egl")
     return env
 

@@ -127,11 +127,11 @@ def main(argv=None) -> int:
     parser.add_argument("--refresh", action="store_true", help="new parameters after every unroll")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    # One thread, like the benchmark's ceiling pieces and the launcher's actor processes (set
+    # One thread (llvmpipe in it), like the benchmark's ceiling pieces and the launcher's actor processes (set
     # before NumPy or MuJoCo is imported).
-    from impala_rep.plan import ACTOR_THREAD_VARS
+    from impala_rep.plan import ACTOR_THREAD_ENV
 
-    os.environ.update({name: "1" for name in ACTOR_THREAD_VARS})
+    os.environ.update(ACTOR_THREAD_ENV)
     os.environ.setdefault("MUJOCO_GL", "egl")
     try:
         result = measure(args.workload, args.envs, args.seconds, args.unroll_length, args.refresh)

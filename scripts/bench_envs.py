@@ -7,9 +7,9 @@ resets, and steps it with uniformly random actions for at most ``--steps`` agent
 control steps each), timed after make and the first reset, by the wall clock and per
 second of the process's CPU time (steadier when other processes share the cores).
 
-One core: this entry point limits BLAS/OpenMP and Mesa's llvmpipe rasteriser to one thread
-(``OMP_NUM_THREADS=1``, ``LP_NUM_THREADS=1``, unless already set) before NumPy and the
-renderer load, and pins the process to one CPU with ``--cpu`` (default: no pinning).
+One core: this entry point limits BLAS/OpenMP to one thread and has Mesa's llvmpipe
+rasterise in the calling thread, as the actor processes do (``OMP_NUM_THREADS=1``,
+``LP_NUM_THREADS=0``, unless already set) before NumPy and the renderer load, and pins the process to one CPU with ``--cpu`` (default: no pinning).
 
 Usage::
 
@@ -114,10 +114,10 @@ def _bench_once(env_id: str, preset: str, fast_repeat: bool, args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("MKL_NUM_THREADS", "1")
-    os.environ.setdefault("LP_NUM_THREADS", "1")
+    from impala_rep.plan import ACTOR_THREAD_ENV
+
+    for name, value in ACTOR_THREAD_ENV.items():
+        os.environ.setdefault(name, value)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     import envs

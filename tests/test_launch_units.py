@@ -381,12 +381,15 @@ def test_actors_run_with_several_processes_supervises_the_split(monkeypatch):
 
 def test_actor_process_env_sets_one_thread_each_and_egl_unless_set(monkeypatch):
     from impala_rep.launch import actor_environment
-    from impala_rep.plan import ACTOR_THREAD_VARS, actor_process_env
+    from impala_rep.plan import actor_process_env
 
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    monkeypatch.setenv("LP_NUM_THREADS", "4")
     monkeypatch.delenv("MUJOCO_GL", raising=False)
     env = actor_process_env()
-    assert all(env[name] == "1" for name in ACTOR_THREAD_VARS) and env["MUJOCO_GL"] == "egl"
+    assert [env[name] for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")] == ["1"] * 3
+    assert env["LP_NUM_THREADS"] == "0"  # llvmpipe renders in the actor's own thread
+    assert env["MUJOCO_GL"] == "egl"
     monkeypatch.setenv("MUJOCO_GL", "osmesa")
     assert actor_process_env()["MUJOCO_GL"] == "osmesa"  # a user's choice stays
     assert actor_environment("s3cret")["IMPALA_REP_TOKEN"] == "s3cret"
