@@ -132,8 +132,6 @@ class Trainer:
                 "resumed from %s at learner step %d (%d agent steps)",
                 self.restored_from, self.learner_step, int(self.agent_steps.numpy()),
             )
-        with open(os.path.join(config.logdir, "config.json"), "w") as f:
-            f.write(config.dumps())
         self.queue = UnrollQueue(capacity=config.queue_unrolls or 2 * config.batch_size)
         self.params = ParameterStore()
         self.params.publish(self.step.get_params()[1], version=self.learner_step + 1)
@@ -229,7 +227,16 @@ class Trainer:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> str:
+        """Starts serving actors, then records the run's settings in LOGDIR/config.json.
+
+        The record is written only once every start-up check has passed (a start that fails,
+        e.g. on a port in use, leaves the earlier run's record as it was), and atomically.
+        """
         self.server.start()
+        path = os.path.join(self.config.logdir, "config.json")
+        with open(path + ".tmp", "w") as f:
+            f.write(self.config.dumps())
+        os.replace(path + ".tmp", path)
         log.info("learner serving actors at %s", self.server.address)
         return self.server.address
 

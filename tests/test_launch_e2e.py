@@ -5,6 +5,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -218,6 +219,18 @@ def test_a_diverged_run_stops_with_a_sentence_and_keeps_the_last_good_checkpoint
     assert json.load(open(os.path.join(logdir, "policy", "policy.json"))) == policy_before
     params = load_policy(logdir).network.params
     assert params and all(np.all(np.isfinite(p)) for p in params.values())
+
+    # A resume that fails its last start-up check (the port is taken) leaves the run's record
+    # of its settings as it was.
+    config_before = open(os.path.join(logdir, "config.json")).read()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = launch(*CATCH, "--actors", "1", "--total-steps", "8000", "--port", str(busy.getsockname()[1]),
+                       "--logdir", logdir)
+    assert taken.returncode == 2 and "is the port in use" in taken.stderr, taken.stderr[-3000:]
+    assert "resumed from" in taken.stderr  # it got as far as the restore
+    assert open(os.path.join(logdir, "config.json")).read() == config_before
 
     # Resuming with settings whose checkpoint differs (a constant learning rate with no warm-up
     # is a variable, an annealed one a schedule), or with a corrupt checkpoint index, is a sentence too.
