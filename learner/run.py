@@ -90,10 +90,10 @@ class Trainer:
                 f"internal mismatch between the learner step's batch spec and the transport's: "
                 f"{sorted(expected ^ produced)}."
             )
-        capacity = config.queue_unrolls or 2 * config.batch_size
-        if capacity < config.batch_size:
+        self._queue_capacity = config.queue_unrolls or 2 * config.batch_size
+        if self._queue_capacity < config.batch_size:
             raise ValueError(
-                f"--queue-unrolls {capacity} is smaller than --batch-size {config.batch_size}; "
+                f"--queue-unrolls {self._queue_capacity} is smaller than --batch-size {config.batch_size}; "
                 "the queue must hold at least one batch."
             )
         self.agent_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="agent_steps")
@@ -132,7 +132,7 @@ class Trainer:
                 "resumed from %s at learner step %d (%d agent steps)",
                 self.restored_from, self.learner_step, int(self.agent_steps.numpy()),
             )
-        self.queue = UnrollQueue(capacity=config.queue_unrolls or 2 * config.batch_size)
+        self.queue = UnrollQueue(capacity=self._queue_capacity)
         self.params = ParameterStore()
         self.params.publish(self.step.get_params()[1], version=self.learner_step + 1)
         self.server = LearnerServer(

@@ -9,7 +9,8 @@ second of the process's CPU time (steadier when other processes share the cores)
 
 One core: this entry point limits BLAS/OpenMP to one thread and has Mesa's llvmpipe
 rasterise in the calling thread, as the actor processes do (``OMP_NUM_THREADS=1``,
-``LP_NUM_THREADS=0``, unless already set) before NumPy and the renderer load, and pins the process to one CPU with ``--cpu`` (default: no pinning).
+``LP_NUM_THREADS=0``, unless already set) before NumPy and the renderer load, and pins the
+process to one CPU with ``--cpu`` (default: no pinning).
 
 Usage::
 

@@ -258,6 +258,8 @@ def test_a_diverged_run_stops_with_a_sentence_and_keeps_the_last_good_checkpoint
         (["--env", "catch", "--learner", "gpu"], "GPU"),
         (["--env", "catch", "--replay-ratio", "1"], "replay-ratio must be at least 0 and below 1"),
         (["--env", "catch", "--learner-precision", "float16"], "invalid choice: 'float16'"),
+        (["--env", "catch", "--batch-size", "16", "--queue-unrolls", "8"],
+         "--queue-unrolls 8 is smaller than --batch-size 16; the queue must hold at least one batch"),
     ],
 )
 def test_bad_flags_give_a_sentence_not_a_traceback(tmp_path, args, message):
