@@ -23,7 +23,7 @@ __all__ = ["ActorPlan", "plan_actors", "split_envs", "available_memory_mb", "ava
 # Mesa's llvmpipe rasterising in the calling thread (LP_NUM_THREADS=0: no render thread).
 # Measured on 2-core hosts (84x84, `fast` preset, one process): a render thread (=1) costs
 # the handoff to it on every frame; without it, the same pixels, bit for bit, and
-# cartpole-swingup 1,830-1,890 agent steps per CPU second against 1,380-1,600,
+# cartpole-swingup 1,830-1,900 agent steps per CPU second against 1,380-1,600,
 # walker-walk 1,319 against 1,164, cheetah-run 1,644 against 1,423.
 ACTOR_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LP_NUM_THREADS": "0"}
 
