@@ -2,9 +2,12 @@
 
 TensorFlow-free. Figures measured on a 2-core, 24 GiB machine (DESIGN.md and
 ``scripts/bench_launch.py``): an actor process with NumPy, dm_control and gRPC is about
-210 MB resident before its envs; each rendered 84x84 DM Control env adds about 45 MB with
-the ``fast`` render preset and about 80 MB with ``standard`` (MuJoCo's offscreen buffers:
-the 2048-texel shadow map and multisampling); a TensorFlow learner is about 1.2 GB.
+210 MB resident before its envs; each rendered 84x84 DM Control env adds about 15 MB with
+either render preset while the envs share their rendering contexts (``envs.render_share``,
+the default; measured with 17 walker-walk envs in one process), and with contexts of their
+own (``share_context=false``) about 45 MB with ``fast`` and about 80 MB with ``standard``
+(MuJoCo's offscreen buffers: the 2048-texel shadow map and multisampling); a TensorFlow
+learner is about 1.2 GB.
 Batched inference amortises per-call cost, so fewer processes hosting many envs each beat
 many single-env processes; more processes than cores only adds switching.
 """
@@ -38,7 +41,7 @@ def actor_process_env() -> dict:
 
 PROCESS_BASE_MB = 210
 LEARNER_MB = 1200
-ENV_MB = {"dmc-fast": 45, "dmc-standard": 80, "small": 2}
+ENV_MB = {"dmc-shared": 15, "dmc-fast": 45, "dmc-standard": 80, "small": 2}
 MEMORY_HEADROOM = 0.85  # plan to use at most this share of the memory available
 
 
@@ -84,6 +87,8 @@ def available_cores() -> int:
 
 def env_memory_kind(env_id: str, env_kwargs: dict) -> str:
     if env_id.startswith("dmc/") and env_kwargs.get("observation", "pixels") != "state":
+        if env_kwargs.get("share_context", True) is not False:
+            return "dmc-shared"
         return "dmc-standard" if env_kwargs.get("render") == "standard" else "dmc-fast"
     return "small"
 

@@ -52,9 +52,22 @@ def test_plan_spreads_envs_over_processes_and_fits_64_actors_here():
     assert split_envs(10, 3) == [4, 3, 3] and split_envs(7, 7) == [1] * 7
 
 
+def test_plan_counts_less_memory_per_env_when_rendering_contexts_are_shared():
+    shared = plan_actors(64, "dmc/walker-walk", {}, cores=2, memory_mb=24 * 1024)
+    own = plan_actors(64, "dmc/walker-walk", {"share_context": False}, cores=2, memory_mb=24 * 1024)
+    standard = plan_actors(64, "dmc/walker-walk", {"share_context": False, "render": "standard"}, cores=2,
+                           memory_mb=24 * 1024)
+    assert shared.estimated_mb < own.estimated_mb < standard.estimated_mb
+    state = plan_actors(64, "dmc/walker-walk", {"observation": "state"}, cores=2, memory_mb=24 * 1024)
+    assert state.estimated_mb < shared.estimated_mb
+
+
 def test_plan_refuses_what_cannot_fit_and_says_what_would():
     with pytest.raises(PlanError, match=r"use --actors \d+ or fewer"):
-        plan_actors(64, "dmc/cartpole-swingup", {"render": "standard"}, cores=2, memory_mb=4 * 1024)
+        plan_actors(64, "dmc/cartpole-swingup", {"render": "standard", "share_context": False}, cores=2,
+                    memory_mb=4 * 1024)
+    with pytest.raises(PlanError, match=r"use --actors \d+ or fewer"):
+        plan_actors(256, "dmc/cartpole-swingup", {"render": "standard"}, cores=2, memory_mb=4 * 1024)
     with pytest.raises(PlanError, match="exceeds --actors"):
         plan_actors(2, "catch", {}, processes=4, cores=2, memory_mb=1024)
 
@@ -176,6 +189,18 @@ def test_launcher_starts_actors_with_lowered_priority():
     assert config_from_args(parser.parse_args(["--env", "catch", "--actor-nice", "0"])).actor_nice == 0
     commands = actor_process_commands("127.0.0.1:1", [3, 2], seed=0, nice=10)  # as the launcher calls it
     assert all(cmd[cmd.index("--nice") + 1] == "10" for cmd in commands)
+
+
+def test_actors_keep_their_priority_when_the_learner_threads_fill_the_cores():
+    from impala_rep.launch import choose_actor_nice
+
+    assert choose_actor_nice(None, "cpu", 1, 2)[0] == 10  # the learner runs first on the core it shares
+    nice, why = choose_actor_nice(None, "cpu", 2, 2)
+    assert nice == 0 and "fill the 2 cores" in why
+    assert choose_actor_nice(None, "auto", 4, 4)[0] == 0
+    assert choose_actor_nice(None, "gpu", 2, 2)[0] == 10  # its threads only feed the GPU
+    assert choose_actor_nice(7, "cpu", 2, 2) == (7, "--actor-nice")
+    assert choose_actor_nice(0, "cpu", 1, 2) == (0, "--actor-nice")
 
 
 _PRIORITY_PROBE = """
