@@ -11,7 +11,10 @@ import dataclasses
 import json
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["RunConfig", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
+__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
+
+# What actor processes give up in CPU priority unless told (the launcher may choose 0).
+DEFAULT_ACTOR_NICE = 10
 
 LEARNER_KINDS = ("cpu", "gpu", "tpu", "auto")
 # What the learner's network torsos compute in; variables and gradients are float32 either way.
@@ -77,7 +80,7 @@ class RunConfig:
     queue_unrolls: Optional[int] = None
     log_interval_s: float = 5.0
     max_actor_restarts: int = 10
-    actor_nice: int = 10
+    actor_nice: int = DEFAULT_ACTOR_NICE
     jit_compile: bool = False
     learner_precision: str = "float32"
     replay_ratio: float = 0.0

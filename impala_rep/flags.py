@@ -7,7 +7,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional
 
-from impala_rep.config import LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
+from impala_rep.config import DEFAULT_ACTOR_NICE, LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "nonnegative_float", "int_at_least", "UsageError"]
 
@@ -163,9 +163,10 @@ def add_actor_flags(parser: argparse.ArgumentParser) -> None:
                    help="processes hosting the actors (default: for a CPU learner sized by cost, the cores its "
                         "measured share of the work leaves; otherwise one per core)")
     g.add_argument("--max-actor-restarts", type=int, default=10, help="restarts per actor process before giving up")
-    g.add_argument("--actor-nice", type=int, default=10,
+    g.add_argument("--actor-nice", type=int, default=None,
                    help="CPU priority the actor processes give up, 0-19, so the learner sharing their cores runs "
-                        "first (default 10; 0 keeps them equal)")
+                        "first (default 10, or 0 when a CPU learner's threads fill every core: niced actors would "
+                        "then run only while the learner waits; 0 keeps them equal)")
 
 
 def parse_env_kwargs(items: List[str]) -> Dict[str, Any]:
@@ -283,7 +284,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         queue_unrolls=args.queue_unrolls,
         log_interval_s=args.log_interval,
         max_actor_restarts=getattr(args, "max_actor_restarts", 10),
-        actor_nice=getattr(args, "actor_nice", 10),
+        actor_nice=DEFAULT_ACTOR_NICE if getattr(args, "actor_nice", None) is None else args.actor_nice,
         jit_compile=args.jit,
         learner_precision=args.learner_precision,
         replay_ratio=args.replay_ratio,

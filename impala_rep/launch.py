@@ -94,6 +94,23 @@ def choose_actor_processes(config, cores: int, costs, planned: int, by_cost: boo
     return processes, f"the cores the learner's share of the work leaves, rounded up, are {processes}"
 
 
+def choose_actor_nice(requested: Optional[int], learner: str, threads: int, cores: int) -> tuple:
+    """The actor processes' nice value and why: ``--actor-nice`` if given; else 0 when the
+    learner computes on these cores (``learner`` cpu or auto) with a thread for every core,
+    since niced actors would then run only while the learner waits for their unrolls (measured
+    on a 2-core host whose learner took 2 threads: 2,195 agent steps/s niced, 2,870 not;
+    docs/BENCHMARKS.md, twentieth session); else :data:`DEFAULT_ACTOR_NICE`, so that the
+    learner runs first on the cores it shares with the actors."""
+    from impala_rep.config import DEFAULT_ACTOR_NICE
+
+    if requested is not None:
+        return requested, "--actor-nice"
+    if learner in ("cpu", "auto") and threads >= cores:
+        return 0, (f"the learner's {threads} threads fill the {cores} cores: niced actors would run only "
+                   "while it waits")
+    return DEFAULT_ACTOR_NICE, "the learner runs first on the cores it shares with the actors"
+
+
 def has_actor_costs(costs) -> bool:
     """Whether the env probe timed both the env step and the policy (the thread count's inputs)."""
     return bool(costs) and "env" in costs and "policy" in costs
@@ -185,6 +202,9 @@ def main(argv=None) -> int:
     # synthetic workload with 2 (1,015 vs 804).
     threads, why = choose_learner_threads(args.learner_threads, cores, costs, fallback=max(1, cores - plan.processes))
     log.info("learner threads: %d (%s)", threads, why)
+    nice, nice_why = choose_actor_nice(args.actor_nice, config.learner, threads, cores)
+    log.info("actor nice: %d (%s)", nice, nice_why)
+    config = dataclasses.replace(config, actor_nice=nice)
     replicas, replicas_why = cpu_replicas(config, threads)
     if config.learner == "cpu":
         log.info("learner replicas: %d (%s)", replicas, replicas_why)

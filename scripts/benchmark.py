@@ -722,7 +722,7 @@ def run_launch_window(launch_args: Sequence[str], args, between: Optional[Callab
                 first = next(r for r in records if r.get("learner_step", 0) > 0)
                 result["first_record_after_s"] = first["time"] - started_wall
                 log_lines = log_path.read_text(errors="replace").splitlines()
-                for key, marker in (("plan", "plan:"), ("learner_threads", "learner threads:")):
+                for key, marker in (("plan", "plan:"), ("learner_threads", "learner threads:"), ("actor_nice", "actor nice:")):
                     found = [line for line in log_lines if marker in line]
                     if found:
                         result[key] = found[-1].split(marker, 1)[1].strip()
