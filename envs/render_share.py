@@ -79,6 +79,8 @@ class _Shared:
     def __init__(self, key: Tuple[int, bytes], gl: Any, mjr: Any):
         self.key, self.gl, self.mjr = key, gl, mjr
         self.users = 0
+        # A thread's id can be reused once it ends: an entry belongs to this thread object.
+        self.thread = weakref.ref(threading.current_thread())
 
 
 class _Lease:
@@ -101,9 +103,10 @@ class _Lease:
             last = entry.users == 0
             if last and _shared.get(entry.key) is entry:
                 del _shared[entry.key]
-        if last and free_now:
-            # As Physics.free does for its own contexts (a collected context is freed by
-            # dm_control's finalizers instead, on whatever thread collects it).
+        if last and free_now and entry.thread() is threading.current_thread():
+            # As Physics.free does for its own contexts. Otherwise (collected, or released on
+            # another thread, where the context cannot be made current) dm_control's
+            # finalizers free them once nothing refers to them.
             entry.mjr.free()
             entry.gl.free()
 
@@ -127,6 +130,10 @@ class _MjrRef:
         return getattr(self._target, name)
 
 
+def _thread_id() -> int:
+    return threading.get_ident()
+
+
 def share_contexts(physics: Any) -> bool:
     """Gives ``physics`` (a dm_control ``Physics`` without rendering contexts yet) the calling
     thread's shared contexts for its model, making them if none match. Returns False, changing
@@ -146,10 +153,10 @@ def share_contexts(physics: Any) -> bool:
     model = physics.model.ptr
     if model.nhfield:
         return False
-    key = (threading.get_ident(), render_signature(model))
+    key = (_thread_id(), render_signature(model))
     with _lock:
         entry = _shared.get(key)
-        if entry is None:
+        if entry is None or entry.thread() is not threading.current_thread():
             gl = renderer(max_width=model.vis.global_.offwidth, max_height=model.vis.global_.offheight)
             entry = _shared[key] = _Shared(key, gl, wrapper.MjrContext(physics.model, gl))
         lease = _Lease(entry)
@@ -166,9 +173,11 @@ def release_contexts(physics: Any) -> bool:
         return False
     with lock:
         contexts = getattr(physics, "_contexts", None)
-        if contexts is None or not isinstance(getattr(contexts, "mujoco", None), _MjrRef):
+        ref = getattr(contexts, "mujoco", None)
+        if not isinstance(ref, _MjrRef):
             return False
-        physics._free_rendering_contexts()  # pylint: disable=protected-access
+        physics._contexts = None  # pylint: disable=protected-access
+    ref.free()
     return True
 
 

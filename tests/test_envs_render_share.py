@@ -143,6 +143,36 @@ def test_threads_do_not_share_contexts():
     _close([here])
 
 
+def test_a_thread_with_another_threads_id_gets_contexts_of_its_own(monkeypatch):
+    # Thread ids are reused once a thread ends, while its envs may live on with their context
+    # current on that thread. Make every thread look like the same id.
+    monkeypatch.setattr(render_share, "_thread_id", lambda: 1)
+    ptrs, frames = [], []
+    first_ready, second_done = threading.Event(), threading.Event()
+
+    def make_and_render(ready, wait_for):
+        env = envs.make("dmc/cartpole-swingup", seed=0, size=SIZE)
+        ptrs.append(_mjr_ptr(env))
+        frames.append(env.reset().observation["pixels"])
+        ready.set()
+        wait_for.wait(60)
+        env.close()  # on its own thread, where its context is current
+
+    first = threading.Thread(target=make_and_render, args=(first_ready, second_done))
+    first.start()
+    assert first_ready.wait(60)
+    second_ready = threading.Event()
+    second = threading.Thread(target=make_and_render, args=(second_ready, second_done))
+    second.start()
+    second_ready.wait(60)  # both envs alive now
+    second_done.set()
+    second.join(60)
+    first.join(60)
+    assert len(frames) == 2, "a thread failed to render"
+    assert ptrs[0] is not ptrs[1]
+    np.testing.assert_array_equal(frames[0], frames[1])
+
+
 def test_share_context_option_is_checked():
     with pytest.raises(envs.EnvError, match="share_context must be true or false"):
         envs.make("dmc/cartpole-swingup", share_context="yes", size=SIZE)
