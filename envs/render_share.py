@@ -4,7 +4,7 @@ dm_control gives every ``Physics`` its own OpenGL context and its own MuJoCo ren
 (``mjrContext``: the offscreen framebuffer, textures, meshes, plane grids and built-in shapes,
 all made from the model). An actor process steps many envs in turn, so every frame switched
 the current OpenGL context, and with Mesa's llvmpipe a switch costs about as much as a fifth
-of a small frame: 16 cartpole-swingup envs stepped in turn cost 0.96-0.97 ms of CPU per agent
+of a small frame: 16 cartpole-swingup envs stepped in turn cost 0.94-1.04 ms of CPU per agent
 step against 0.76 for one env, and 0.77 once they share one context (84x84, ``fast`` preset;
 ``docs/BENCHMARKS.md``, twentieth session). The frames are the same bit for bit.
 
