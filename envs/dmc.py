@@ -19,8 +19,9 @@ naming the Debian packages to install.
 **Render presets.** ``standard`` is dm_control's published look. ``fast`` sets
 ``model.vis.quality.shadowsize = 0`` and ``offsamples = 0`` and sizes the offscreen buffer
 to the frame (``vis.global_.offwidth``/``offheight``) before the first render, and turns the
-shadow, reflection and skybox scene flags off: about 20x faster on a software renderer. ``auto`` (default) picks ``fast`` on a software renderer (llvmpipe, softpipe,
-swrast, OSMesa) and ``standard`` on a GPU.
+shadow, reflection and skybox scene flags off: about 20x faster on a software renderer.
+``auto`` (default) picks ``fast`` on a software renderer (llvmpipe, softpipe, swrast,
+OSMesa) and ``standard`` on a GPU.
 
 **Shared rendering contexts** (``share_context=True``, the default): the pixel envs of one
 thread whose models render alike share one OpenGL context and one MuJoCo render context
@@ -519,7 +520,7 @@ def make_dmc(
         inner = _ControlRepeat(env, int(action_repeat), observe=observation != "pixels")
     elif action_repeat > 1:
         inner = ActionRepeat(inner, int(action_repeat))
-    wrapped = DMCObservation(inner, physics, (height, width), camera, preset, observation, bool(share_context))
+    wrapped = DMCObservation(inner, physics, (height, width), camera, preset, observation, share_context)
     if pixels:
         wrapped.render()  # surfaces a missing OpenGL backend now, not at the first step
     return wrapped

@@ -104,11 +104,11 @@ class _Lease:
             if last and _shared.get(entry.key) is entry:
                 del _shared[entry.key]
         if last and free_now and entry.thread() is threading.current_thread():
-            # As Physics.free does for its own contexts. Otherwise (collected, or released on
-            # another thread, where the context cannot be made current) dm_control's
-            # finalizers free them once nothing refers to them.
+            # As Physics.free does for its own contexts (MjrContext.free also frees the gl
+            # context once no one else holds it). Otherwise (collected, or released on another
+            # thread, where the context cannot be made current) dm_control's finalizers free
+            # them once nothing refers to them.
             entry.mjr.free()
-            entry.gl.free()
 
 
 class _MjrRef:
@@ -166,8 +166,9 @@ def share_contexts(physics: Any) -> bool:
 
 
 def release_contexts(physics: Any) -> bool:
-    """Ends ``physics``' hold on shared contexts now (the last hold frees them); True if it had
-    one. The Physics makes contexts of its own if it renders again."""
+    """Ends ``physics``' hold on shared contexts now (the last hold, released on the thread
+    that made them, frees them); True if it had one. The Physics makes contexts of its own if
+    it renders again."""
     lock = getattr(physics, "_contexts_lock", None)
     if lock is None:
         return False

@@ -20,9 +20,9 @@ def _mjr_ptr(env):
     return env.physics.contexts.mujoco.ptr
 
 
-def _rollout(env_id, seeds, share, steps=8, **kwargs):
+def _rollout(env_id, seeds, share, steps=8):
     """Frames of len(seeds) envs stepped in turn with the same random actions; the envs."""
-    made = [envs.make(env_id, seed=s, size=SIZE, render="fast", share_context=share, **kwargs) for s in seeds]
+    made = [envs.make(env_id, seed=s, size=SIZE, render="fast", share_context=share) for s in seeds]
     rng = np.random.default_rng(0)
     frames = [[env.reset().observation["pixels"]] for env in made]
     for _ in range(steps):
