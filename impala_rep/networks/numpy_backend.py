@@ -193,7 +193,6 @@ class NumpyNetwork:
         self.obs_specs = dict(obs_specs)
         self._params = init_params(self.plan, seed)
         self._derived: Dict[str, np.ndarray] = {}
-        self._version = 0  # counts set_params calls (FrameStacks caches depend on the parameters)
 
     # -- parameters --
     @property
@@ -205,7 +204,6 @@ class NumpyNetwork:
         new = {name: np.ascontiguousarray(v) for name, v in self.plan.check_params(params).items()}
         self._params = new
         self._derived = {}
-        self._version += 1
 
     def _s2d(self, name: str, s: int, frames: int = 0) -> np.ndarray:
         """The space-to-depth form of kernel ``name``, cached until ``set_params``.
@@ -322,10 +320,9 @@ class NumpyNetwork:
         :meth:`step` on the stacks :class:`~impala_rep.framestack.FrameStacker` builds from
         the same frames and ``first`` flags (up to float rounding), and ``stacks`` is updated.
 
-        A shallow torso convolves only the new frame: the first convolution is linear in its
-        input channels, so each frame's part of it, one per stack slot, is computed once and
-        kept (recomputed from the kept frames after :meth:`set_params`). Other torsos get the
-        stack, concatenated from the kept frames.
+        A shallow torso regroups only the new frame into space-to-depth blocks and keeps the
+        K newest frames' blocks, so its first convolution is one matmul on them (see
+        :meth:`_stacked_conv0`). Other torsos get the stack, concatenated from the kept frames.
         """
         self._check_keys(obs)
         first = np.asarray(first, dtype=bool).reshape(-1)
@@ -354,50 +351,39 @@ class NumpyNetwork:
                 feats.append(self._torso(t, self._stacked_conv0(t, k, x, first, stacks), first_layer=1))
             else:
                 feats.append(self._torso(t, np.concatenate(frames.items(), axis=-1)))
-        stacks.version = self._version
         return self._heads(feats, state, first, batch)
 
     def _stacked_conv0(self, t, k: int, frame: np.ndarray, first: np.ndarray, stacks: "FrameStacks") -> np.ndarray:
-        """The shallow torso's first layer (conv, ReLU) on the stacks, from per-frame parts.
+        """The shallow torso's first layer (conv, ReLU) on the stacks, from a ring of blocks.
 
-        A frame's parts are its blocks times each slot's slice of the kernel
-        (:func:`_frame_s2d_kernel`), ``[B, K, hb*wb, m*m*O]``; a stack's product is the sum over
-        its slots j of slot j's frame's part j, and the shifted adds then run once, on the sum.
+        ``stacks`` keeps the space-to-depth blocks of each env's K newest frames
+        (:class:`_BlockRing`), so a step converts only the new frame. The ring's positions do
+        not move: the newest frame overwrites the oldest, and the kernel's slot slices are
+        put in the ring's order instead (:meth:`_ring_kernel`), so one matmul over all K
+        frames' blocks gives the stack's product, and the shifted adds then run once on it.
+        The blocks do not depend on the parameters: new ones take effect at the next step.
         """
         _, kernel, stride = SHALLOW_CONVS[0]
-        big = self._s2d(f"torso/{t.key}/conv_0/kernel", stride, frames=k)
-
-        def frame_parts(x, slots=k):
-            blocks = _s2d_blocks(x, kernel, stride)[:, None]
-            if slots == k:
-                return np.matmul(blocks, big[None])
-            out = np.zeros((x.shape[0], k) + blocks.shape[2:-1] + big.shape[-1:], np.float32)
-            out[:, :slots] = np.matmul(blocks, big[None, :slots])
-            return out
-
-        parts = stacks.parts[t.key]
-        if stacks.version != self._version or parts.empty:
-            # New parameters: every kept frame's parts change (the newest is already kept).
-            # The frame in slot j moves down one slot per step, so it is only ever read in
-            # slots 0..j: only those are computed (the rest stay zero), which halves the
-            # recompute at K=3 (3 slot products for the two older frames instead of 6).
-            frames = stacks.frames[t.key].items()
-            slot = {id(item): j for j, item in enumerate(frames)}  # an item in several slots: its newest
-            done: Dict[int, np.ndarray] = {}
-            items = []
-            for item in frames:
-                if id(item) not in done:
-                    done[id(item)] = frame_parts(item, slot[id(item)] + 1)
-                items.append(done[id(item)])
-            parts.replace(items)
-        else:
-            parts.push(frame_parts(frame), first)
-        items = parts.items()
-        z = items[0][:, 0] + items[1][:, 1]
-        for j in range(2, k):
-            z += items[j][:, j]
+        ring = stacks.rings.get(t.key)
+        if ring is None:
+            ring = stacks.rings[t.key] = _BlockRing(k, frame.shape, kernel, stride)
+        ring.push(frame, first)
+        z = ring.matrix() @ self._ring_kernel(f"torso/{t.key}/conv_0/kernel", stride, k, ring.newest)
         bias = self._params[f"torso/{t.key}/conv_0/bias"]
         return _relu(_s2d_assemble(z, frame.shape, kernel, stride, bias, t.scale))
+
+    def _ring_kernel(self, name: str, s: int, k: int, newest: int) -> np.ndarray:
+        """Kernel ``name`` for a :class:`_BlockRing` whose newest frame is at ``newest``:
+        ``[K*s*s*C, m*m*O]``, ring position r's rows being the slice of the stack slot the
+        frame there fills (the newest frame slot K-1, the one before it K-2, ...).
+        Cached until ``set_params``."""
+        cache_key = f"{name}@ring{k}/{newest}"
+        out = self._derived.get(cache_key)
+        if out is None:
+            slices = self._s2d(name, s, frames=k)  # [K, s*s*C, m*m*O], by stack slot
+            out = np.ascontiguousarray(np.concatenate([slices[k - 1 - (newest - r) % k] for r in range(k)]))
+            self._derived[cache_key] = out
+        return out
 
     def _check_keys(self, obs: Mapping[str, np.ndarray]) -> None:
         missing = [t.key for t in self.plan.torsos if t.key not in obs]
@@ -445,9 +431,8 @@ class FrameStacks:
     :meth:`NumpyNetwork.frame_stacks`).
 
     Per stacked key: ``frames[key]``, the K newest frames of each env's episode (a
-    :class:`~impala_rep.framestack.FrameHistory`), and ``parts[key]``, each of those frames'
-    parts of a shallow torso's first convolution. ``version`` is the network's parameter
-    version the parts were computed with.
+    :class:`~impala_rep.framestack.FrameHistory`), and for a shallow torso ``rings[key]``,
+    those frames' space-to-depth blocks (a :class:`_BlockRing`, made at the first step).
     """
 
     def __init__(self, depths: Mapping[str, int], batch: int):
@@ -456,8 +441,7 @@ class FrameStacks:
         self.depths = dict(depths)
         self.batch = batch
         self.frames = {key: FrameHistory(k) for key, k in self.depths.items()}
-        self.parts = {key: FrameHistory(k) for key, k in self.depths.items()}
-        self.version = -1
+        self.rings: Dict[str, "_BlockRing"] = {}
 
     def prefix(self, key: str, upcoming: np.ndarray) -> np.ndarray:
         """The K-1 frames before the next step, time-major ``[K-1, B, ...]``: the frame prefix
@@ -467,3 +451,42 @@ class FrameStacks:
         if frames.empty:
             return np.repeat(np.asarray(upcoming)[None], frames.k - 1, axis=0)
         return np.stack(frames.items()[1:])
+
+
+class _BlockRing:
+    """The space-to-depth blocks (:func:`_s2d_blocks`) of each env's K newest frames, float32.
+
+    ``blocks`` is ``[B, hb, wb, K, s, s, C]``: for every block of the image, the K frames'
+    ``s x s x C`` pixels side by side, so that ``matrix()``, ``[B*hb*wb, K*s*s*C]``, times a
+    kernel whose rows follow the same order is the first convolution's product on the
+    stacks. Position ``newest`` holds the newest frame, ``newest - 1`` (mod K) the one before
+    it, and so on; a push overwrites the oldest position. Rows that start an episode get the
+    new frame in every position (the stacking rule: the missing older frames are copies of
+    the first).
+    """
+
+    def __init__(self, k: int, frame_shape: Tuple[int, ...], kernel: int, stride: int):
+        b, h, w, c = frame_shape
+        self.k, self.s = k, stride
+        self.hb, self.wb = (h - kernel) // stride + kernel // stride, (w - kernel) // stride + kernel // stride
+        self.blocks = np.empty((b, self.hb, self.wb, k, stride, stride, c), np.float32)
+        self.newest = -1  # nothing pushed yet
+
+    def push(self, frame: np.ndarray, first: np.ndarray) -> None:
+        """Writes the newest frame ``[B, H, W, C]``; ``first`` [B] marks rows that start an episode."""
+        b, _, _, c = frame.shape
+        s, hb, wb = self.s, self.hb, self.wb
+        fresh = self.newest < 0
+        self.newest = (self.newest + 1) % self.k
+        # [B, hb, s, wb, s, C] -> [B, hb, wb, s, s, C], converted to float32 as it is written.
+        self.blocks[:, :, :, self.newest] = frame[:, : hb * s, : wb * s].reshape(b, hb, s, wb, s, c).transpose(0, 1, 3, 2, 4, 5)
+        if fresh:
+            self.blocks[:] = self.blocks[:, :, :, self.newest : self.newest + 1]
+        elif first.any():
+            rows = np.flatnonzero(first)
+            self.blocks[rows] = self.blocks[rows][:, :, :, self.newest : self.newest + 1]
+
+    def matrix(self) -> np.ndarray:
+        """``[B*hb*wb, K*s*s*C]``, a view of the blocks."""
+        b = self.blocks.shape[0]
+        return self.blocks.reshape(b * self.hb * self.wb, -1)
