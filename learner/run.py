@@ -31,6 +31,7 @@ import numpy as np
 from impala_rep.config import RunConfig, actor_view, frame_stack_keys
 from impala_rep.flags import check_logdir
 from impala_rep.specs import ArraySpec, EnvSpec, stacked_observation_specs, unroll_spec
+from learner.summaries import ScalarWriter
 
 if TYPE_CHECKING:
     from learner.evaluator import EvalResult
@@ -154,6 +155,7 @@ class Trainer:
         self.action_repeat = env_action_repeat(config)
         self._returns: collections.deque = collections.deque(maxlen=100)
         self._writer = tf.summary.create_file_writer(os.path.join(config.logdir, "summaries"))
+        self._scalars = ScalarWriter(self._writer)
         self._metrics_file = open_metrics_log(os.path.join(config.logdir, "metrics.jsonl"), fresh=not config.resume)
         self._last_checkpoint = time.monotonic()
         # Set (to a sentence) when an update made the parameters non-finite: training stops and
@@ -383,8 +385,6 @@ class Trainer:
         log.error("%s", self.diverged)
 
     def _record(self, metrics, lag, extra, learner_sps: float, agent_sps: float) -> Dict[str, float]:
-        import tensorflow as tf
-
         record: Dict[str, Any] = {
             "time": time.time(),
             "learner_step": self.learner_step,
@@ -409,10 +409,7 @@ class Trainer:
         self.last_metrics = record
         self._metrics_file.write(json.dumps(record) + "\n")
         self._metrics_file.flush()
-        with self._writer.as_default(step=record["agent_steps"]):
-            for k, v in record.items():
-                if k != "time":
-                    tf.summary.scalar(k, v)
+        self._scalars.write(record["agent_steps"], {k: v for k, v in record.items() if k != "time"})
         return record
 
     def _log_progress(self, r: Dict[str, float]) -> None:
