@@ -686,6 +686,20 @@ def watch_run(proc: subprocess.Popen, metrics_path: Path, args, between: Optiona
     return out
 
 
+LAUNCH_LOG_FIELDS = (("plan", "plan:"), ("learner_threads", "learner threads:"), ("actor_nice", "actor nice:"))
+
+
+def launch_log_fields(lines: Sequence[str]) -> Dict[str, str]:
+    """What the launcher's log says it chose: ``{field: text after the marker}`` from the last
+    line holding each marker of :data:`LAUNCH_LOG_FIELDS` (fields it never logged are absent)."""
+    out = {}
+    for key, marker in LAUNCH_LOG_FIELDS:
+        found = [line for line in lines if marker in line]
+        if found:
+            out[key] = found[-1].split(marker, 1)[1].strip()
+    return out
+
+
 def run_launch_window(launch_args: Sequence[str], args, between: Optional[Callable[[int], None]] = None,
                       launch: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Runs ``python -m impala_rep.launch LAUNCH_ARGS`` on a temporary logdir until the
@@ -721,11 +735,7 @@ def run_launch_window(launch_args: Sequence[str], args, between: Optional[Callab
                 records = read_metrics(logdir / "run" / "metrics.jsonl")
                 first = next(r for r in records if r.get("learner_step", 0) > 0)
                 result["first_record_after_s"] = first["time"] - started_wall
-                log_lines = log_path.read_text(errors="replace").splitlines()
-                for key, marker in (("plan", "plan:"), ("learner_threads", "learner threads:"), ("actor_nice", "actor nice:")):
-                    found = [line for line in log_lines if marker in line]
-                    if found:
-                        result[key] = found[-1].split(marker, 1)[1].strip()
+                result.update(launch_log_fields(log_path.read_text(errors="replace").splitlines()))
         finally:
             code = _stop_launch(proc, args.stop_timeout)
             if code is None:

@@ -695,3 +695,21 @@ def test_script_numbers_must_be_finite_and_in_range(script, argv, message):
     proc = subprocess.run([sys.executable, str(SCRIPTS / f"{script}.py"), *argv], capture_output=True, text=True,
                           timeout=60, cwd=str(SCRIPTS.parent))
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_launch_log_fields_read_the_launchers_last_choice_of_each():
+    lines = [
+        "10:00:00 impala_rep.launch INFO plan: 32 actors in 2 process(es) (16 envs each); estimated memory 2.1 GiB",
+        "10:00:00 impala_rep.launch INFO learner threads: 1 (per agent step the env costs 0.70 ms)",
+        "10:00:00 impala_rep.launch INFO actor nice: 10 (the learner runs first on the cores it shares with the actors)",
+        "10:00:05 impala_rep.launch INFO actor nice: 0 (--actor-nice)",
+        "10:00:06 impala_rep.learner INFO step 1 | agent steps 640",
+    ]
+    fields = bench.launch_log_fields(lines)
+    assert fields == {
+        "plan": "32 actors in 2 process(es) (16 envs each); estimated memory 2.1 GiB",
+        "learner_threads": "1 (per agent step the env costs 0.70 ms)",
+        "actor_nice": "0 (--actor-nice)",
+    }
+    # A launcher that never logged a choice leaves its field out rather than inventing one.
+    assert bench.launch_log_fields(lines[:2]) == {"plan": fields["plan"], "learner_threads": fields["learner_threads"]}
