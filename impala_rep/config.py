@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
+__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "NEVER_KEYS", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
 
 # What actor processes give up in CPU priority unless told (the launcher may choose 0).
 DEFAULT_ACTOR_NICE = 10
+# Intervals that may be infinite (never); config.json writes them as null.
+NEVER_KEYS = ("checkpoint_interval_s", "log_interval_s")
 
 LEARNER_KINDS = ("cpu", "gpu", "tpu", "auto")
 # What the learner's network torsos compute in; variables and gradients are float32 either way.
@@ -28,7 +31,7 @@ class ConfigError(ValueError):
 def _positive(name: str, value: Optional[float], allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if value is None or value <= 0:
+    if value is None or not value > 0:  # NaN is not > 0 either
         raise ConfigError(f"{name} must be a positive number, got {value!r}.")
 
 
@@ -152,9 +155,13 @@ class RunConfig:
         return self.batch_size
 
     def to_json(self, include_secrets: bool = False) -> Dict[str, Any]:
+        """The config as JSON-safe values: an interval of ``inf`` (never) is ``None``."""
         data = dataclasses.asdict(self)
         if not include_secrets and data.get("token"):
             data["token"] = "<set>"
+        for key in NEVER_KEYS:
+            if data.get(key) == math.inf:
+                data[key] = None
         return data
 
     def dumps(self) -> str:
@@ -166,7 +173,11 @@ class RunConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown config keys {unknown}; known keys are {sorted(known)}.")
-        return cls(**dict(data))
+        data = dict(data)
+        for key in NEVER_KEYS:
+            if key in data and data[key] is None:
+                data[key] = math.inf
+        return cls(**data)
 
 
 def actor_view(config: RunConfig, frame_stack: Mapping[str, int]) -> Dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 from impala_rep.config import DEFAULT_ACTOR_NICE, LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
 
-__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "nonnegative_float", "int_at_least", "UsageError"]
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "nonnegative_float", "int_at_least", "UsageError"]
 
 
 class UsageError(ValueError):
@@ -73,6 +73,16 @@ def _float_in(what: str, low: Optional[float] = None, high: Optional[float] = No
 
 
 positive_float = _float_in("a positive number", 0.0, low_open=True)
+
+
+def interval_seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds, or ``inf``/``never`` (``math.inf``)."""
+    if text.strip().lower() in ("inf", "infinity", "never"):
+        return math.inf
+    try:
+        return positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds or 'never', got {text!r}") from None
 nonnegative_float = _float_in("a number of 0 or more", 0.0)
 _finite_float = _float_in("a number")
 
@@ -137,10 +147,12 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("run directory")
     g.add_argument("--logdir", default="runs/default", help="checkpoints, policy, summaries, metrics.jsonl, config.json")
-    g.add_argument("--checkpoint-interval", type=positive_float, default=600.0, help="seconds between checkpoints")
+    g.add_argument("--checkpoint-interval", type=interval_seconds, default=600.0,
+                   help="seconds between checkpoints, or never (a checkpoint is still written when the run ends or is stopped)")
     g.add_argument("--keep-checkpoints", type=_positive_int, default=3)
     g.add_argument("--no-resume", action="store_true", help="start fresh even if the logdir holds a checkpoint")
-    g.add_argument("--log-interval", type=positive_float, default=5.0, help="seconds between progress lines")
+    g.add_argument("--log-interval", type=interval_seconds, default=5.0,
+                   help="seconds between progress lines and metrics records, or never")
     g.add_argument("--eval-episodes", type=_nonnegative_int, default=0, metavar="N",
                    help="evaluate each exported policy (every checkpoint and the last) on N episodes in a "
                         "separate process: eval/eval-STEP.json, eval/return in TensorBoard, a log line "

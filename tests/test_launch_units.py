@@ -167,6 +167,34 @@ def test_lr_warmup_flag_reaches_the_optimizer_config_and_rejects_negatives(capsy
     assert "expected a whole number (0 or more), got -5" in capsys.readouterr().err
 
 
+def test_interval_flags_accept_never_and_config_json_stays_strict(capsys):
+    import math
+
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    config = config_from_args(parser.parse_args(["--env", "catch", "--checkpoint-interval", "never",
+                                                 "--log-interval", "inf"]))
+    assert config.checkpoint_interval_s == math.inf and config.log_interval_s == math.inf
+    text = config.dumps()
+
+    def no_constants(name):
+        raise AssertionError(f"config.json holds {name}, which strict JSON readers refuse")
+
+    data = json.loads(text, parse_constant=no_constants)
+    assert data["checkpoint_interval_s"] is None and data["log_interval_s"] is None
+    assert RunConfig.from_json(data) == config
+    finite = config_from_args(parser.parse_args(["--env", "catch", "--checkpoint-interval", "30"]))
+    assert finite.checkpoint_interval_s == 30.0 and json.loads(finite.dumps())["checkpoint_interval_s"] == 30.0
+    for bad in ("0", "-3", "nan", "soon"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--env", "catch", "--checkpoint-interval", bad])
+        assert "expected a positive number of seconds or 'never'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="log-interval must be a positive number"):
+        RunConfig(env="catch", log_interval_s=float("nan"))
+
+
 def test_learner_precision_flag_reaches_the_run_config():
     from impala_rep.flags import config_from_args
     from impala_rep.launch import build_parser
