@@ -304,7 +304,9 @@ def _env(threads_one: bool = True) -> Dict[str, str]:
     env = actor_process_env() if threads_one else dict(os.environ)
     env.setdefault("MUJOCO_GL", "egl")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # This checkout first: an editable install elsewhere (another worktree) must not answer
+    # the children's imports, or the pieces would time other code than the end-to-end run.
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
 
@@ -1024,5 +1026,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(1, str(REPO))  # this checkout's packages, before any editable install's
     stop_on_sigterm()
     sys.exit(main())

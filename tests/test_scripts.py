@@ -713,3 +713,11 @@ def test_launch_log_fields_read_the_launchers_last_choice_of_each():
     }
     # A launcher that never logged a choice leaves its field out rather than inventing one.
     assert bench.launch_log_fields(lines[:2]) == {"plan": fields["plan"], "learner_threads": fields["learner_threads"]}
+
+
+def test_piece_children_import_this_checkout_first(monkeypatch):
+    # The ceiling's children run as `python scripts/benchmark.py --child ...`, whose sys.path
+    # starts with scripts/ and PYTHONPATH: this checkout must come before any editable install.
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    parts = bench._env()["PYTHONPATH"].split(os.pathsep)
+    assert parts == [str(bench.SCRIPTS), str(bench.REPO), "/elsewhere"]
