@@ -83,6 +83,8 @@ def interval_seconds(text: str) -> float:
         return positive_float(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds or 'never', got {text!r}") from None
+
+
 nonnegative_float = _float_in("a number of 0 or more", 0.0)
 _finite_float = _float_in("a number")
 

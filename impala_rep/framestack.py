@@ -22,7 +22,7 @@ Usage::
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import numpy as np
 
@@ -122,8 +122,7 @@ class FrameHistory:
     batches are shared with the caller, who must not modify one after pushing it. Where an
     episode starts, the older entries of those rows become copies of the new frame (the older
     batches are copied first, so a shared batch is never written). Any per-frame batch works,
-    not only pixels: ``NumpyNetwork.step_frames`` also keeps each frame's part of the first
-    convolution in one.
+    not only pixels.
     """
 
     def __init__(self, k: int):
@@ -162,12 +161,6 @@ class FrameHistory:
                 items[i] = items[i].copy()
                 items[i][first] = frames[first]
         self._items = items
-
-    def replace(self, items: Sequence[np.ndarray]) -> None:
-        """Sets all K batches at once (oldest first), e.g. recomputed from other ones."""
-        if len(items) != self.k:
-            raise ValueError(f"FrameHistory.replace needs {self.k} batches, got {len(items)}.")
-        self._items = list(items)
 
 
 def _shift_in(src: np.ndarray, dst: np.ndarray, frame: np.ndarray, k: int) -> None:

@@ -114,12 +114,23 @@ def _conv_s2d(x: np.ndarray, big_kernel: np.ndarray, bias: np.ndarray, k: int, s
     return _s2d_assemble(blocks.reshape(-1, blocks.shape[-1]) @ big_kernel, x.shape, k, s, bias, scale)
 
 
+def _s2d_grid(h: int, w: int, k: int, s: int) -> Tuple[int, int]:
+    """``(hb, wb)``: the ``s x s`` blocks along each side that a VALID conv of kernel ``k``
+    and stride ``s`` reads from an ``h x w`` image."""
+    return (h - k) // s + k // s, (w - k) // s + k // s
+
+
+def _s2d_view(x: np.ndarray, k: int, s: int) -> np.ndarray:
+    """``x`` ``[B, H, W, C]`` regrouped into blocks, ``[B, hb, wb, s, s, C]`` (a view, no copy)."""
+    b, h, w, c = x.shape
+    hb, wb = _s2d_grid(h, w, k, s)
+    return x[:, : hb * s, : wb * s].reshape(b, hb, s, wb, s, c).transpose(0, 1, 3, 2, 4, 5)
+
+
 def _s2d_blocks(x: np.ndarray, k: int, s: int) -> np.ndarray:
     """The matmul input of :func:`_conv_s2d`: ``[B, hb*wb, s*s*C]`` float32."""
-    b, h, w, c = x.shape
-    hb, wb = (h - k) // s + k // s, (w - k) // s + k // s
-    x = x[:, : hb * s, : wb * s]
-    blocks = x.reshape(b, hb, s, wb, s, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, hb * wb, s * s * c)
+    view = _s2d_view(x, k, s)
+    blocks = view.reshape(view.shape[0], view.shape[1] * view.shape[2], -1)
     return blocks if blocks.dtype == np.float32 else blocks.astype(np.float32)
 
 
@@ -467,19 +478,17 @@ class _BlockRing:
 
     def __init__(self, k: int, frame_shape: Tuple[int, ...], kernel: int, stride: int):
         b, h, w, c = frame_shape
-        self.k, self.s = k, stride
-        self.hb, self.wb = (h - kernel) // stride + kernel // stride, (w - kernel) // stride + kernel // stride
-        self.blocks = np.empty((b, self.hb, self.wb, k, stride, stride, c), np.float32)
+        self.k, self.kernel, self.s = k, kernel, stride
+        hb, wb = _s2d_grid(h, w, kernel, stride)
+        self.blocks = np.empty((b, hb, wb, k, stride, stride, c), np.float32)
         self.newest = -1  # nothing pushed yet
 
     def push(self, frame: np.ndarray, first: np.ndarray) -> None:
         """Writes the newest frame ``[B, H, W, C]``; ``first`` [B] marks rows that start an episode."""
-        b, _, _, c = frame.shape
-        s, hb, wb = self.s, self.hb, self.wb
         fresh = self.newest < 0
         self.newest = (self.newest + 1) % self.k
-        # [B, hb, s, wb, s, C] -> [B, hb, wb, s, s, C], converted to float32 as it is written.
-        self.blocks[:, :, :, self.newest] = frame[:, : hb * s, : wb * s].reshape(b, hb, s, wb, s, c).transpose(0, 1, 3, 2, 4, 5)
+        # The frame's blocks, converted to float32 as they are written.
+        self.blocks[:, :, :, self.newest] = _s2d_view(frame, self.kernel, self.s)
         if fresh:
             self.blocks[:] = self.blocks[:, :, :, self.newest : self.newest + 1]
         elif first.any():
@@ -488,5 +497,5 @@ class _BlockRing:
 
     def matrix(self) -> np.ndarray:
         """``[B*hb*wb, K*s*s*C]``, a view of the blocks."""
-        b = self.blocks.shape[0]
-        return self.blocks.reshape(b * self.hb * self.wb, -1)
+        b, hb, wb = self.blocks.shape[:3]
+        return self.blocks.reshape(b * hb * wb, -1)
