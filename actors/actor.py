@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import dm_env
@@ -25,7 +26,7 @@ import numpy as np
 
 from impala_rep.costs import random_actions
 
-__all__ = ["Actor", "UnrollBatch", "ActorStats"]
+__all__ = ["Actor", "UnrollBatch", "ActorStats", "PHASES"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,10 @@ class UnrollBatch:
     episode_lengths: List[int]
 
 
+# The parts of the loop whose CPU time ActorStats.cpu_s accounts.
+PHASES = ("env", "policy", "emit", "other")
+
+
 @dataclasses.dataclass
 class ActorStats:
     steps: int = 0
@@ -47,6 +52,10 @@ class ActorStats:
     episodes: int = 0
     param_updates: int = 0
     last_returns: List[float] = dataclasses.field(default_factory=list)
+    # Seconds of this thread's CPU by part of the loop (PHASES): the policy (inference and
+    # sampling), the envs' steps, emitting unrolls (assembly, the sink, parameter refreshes)
+    # and the rest (batching observations, recording the step).
+    cpu_s: Dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
 
 # sink(unroll) delivers one unroll; fetch_params(have_version) -> (version, params or None).
@@ -159,14 +168,20 @@ class Actor:
 
     def step(self) -> None:
         """Acts once in every env; emits unrolls when T+1 steps are collected."""
+        clock = time.thread_time
+        cpu = self.stats.cpu_s
+        t_start = clock()
         opening = self._opening_slot()
         raw, first = self._observe()
         if opening is not None:
             opening[1].update({k: np.array(v, copy=True) for k, v in self._state.items()})
         # The network stacks the frames itself (NumpyNetwork.step_frames); the raw batches
         # are shared with its FrameStacks and the unroll record, and never modified.
+        t_policy = clock()
         policy_params, _, self._state = self._network.step_frames(raw, self._state, first, self._stacks)
         action, log_prob = self._policy.sample_np(policy_params, self._rng)
+        t_record = clock()
+        cpu["policy"] += t_record - t_policy
         record = {f"observation/{k}": v for k, v in raw.items()}
         record["step_type"] = np.array([int(ts.step_type) for ts in self._timesteps], np.uint8)
         record["reward"] = np.array([0.0 if ts.reward is None else ts.reward for ts in self._timesteps], np.float32)
@@ -174,9 +189,14 @@ class Actor:
         record["action"] = np.asarray(action)
         record["behaviour_log_prob"] = np.asarray(log_prob, np.float32)
         self._steps.append(record)
+        emit_s = 0.0
         if len(self._steps) == self._T + 1:
+            t_emit = clock()
             self._emit()
+            emit_s = clock() - t_emit
+            cpu["emit"] += emit_s
         env_actions = self._policy.to_env_action(np.asarray(action))
+        t_env = clock()
         for i, env in enumerate(self._envs):
             ts = env.step(env_actions[i])
             if ts.step_type == dm_env.StepType.FIRST:
@@ -192,6 +212,9 @@ class Actor:
                 self.stats.episodes += 1
                 self.stats.last_returns = (self.stats.last_returns + [float(self._episode_return[i])])[-100:]
             self._timesteps[i] = ts
+        t_end = clock()
+        cpu["env"] += t_end - t_env
+        cpu["other"] += (t_policy - t_start) + (t_env - t_record - emit_s)
         self.stats.steps += len(self._envs)
 
     def _emit(self) -> None:

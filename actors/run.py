@@ -24,9 +24,47 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 from typing import List, Optional  # noqa: E402
 
-__all__ = ["main", "build_actor", "build_parser", "lower_priority"]
+__all__ = ["main", "build_actor", "build_parser", "lower_priority", "stats_line", "StatsReporter", "STATS_INTERVAL_S"]
 
 log = logging.getLogger("impala_rep.actor")
+
+# How often an actor process logs its rate and the CPU its loop spends per agent step on each
+# part (env, policy, emit, other). scripts/benchmark.py reads these lines.
+STATS_INTERVAL_S = 20.0
+
+
+def stats_line(actor_id: str, before, after, seconds: float) -> Optional[str]:
+    """The periodic report between two ``(agent steps, {phase: CPU seconds})`` snapshots of
+    an actor's stats, or None when it took no step (it waited for the learner)."""
+    steps = after[0] - before[0]
+    if steps <= 0 or seconds <= 0:
+        return None
+    parts = ", ".join(f"{k} {1e3 * (after[1][k] - before[1][k]) / steps:.3f}" for k in after[1])
+    return (f"{actor_id}: {steps} agent steps in {seconds:.1f} s ({steps / seconds:.1f}/s); "
+            f"CPU ms per agent step: {parts}")
+
+
+class StatsReporter(threading.Thread):
+    """Logs :func:`stats_line` for ``stats`` (an :class:`actors.actor.ActorStats` the actor's
+    thread updates) every ``interval`` seconds until ``stop`` is set."""
+
+    def __init__(self, actor_id: str, stats, stop: threading.Event, interval: float = STATS_INTERVAL_S):
+        super().__init__(name="actor-stats", daemon=True)
+        self._id, self._stats, self._halt, self._interval = actor_id, stats, stop, float(interval)
+
+    def snapshot(self):
+        return self._stats.steps, dict(self._stats.cpu_s)
+
+    def run(self) -> None:
+        import time
+
+        before, t0 = self.snapshot(), time.monotonic()
+        while not self._halt.wait(self._interval):
+            after, t1 = self.snapshot(), time.monotonic()
+            line = stats_line(self._id, before, after, t1 - t0)
+            if line:
+                log.info("%s", line)
+            before, t0 = after, t1
 
 
 def build_actor(client, num_envs: int, seed: int):
@@ -203,6 +241,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         actor = build_actor(client, args.actors, args.seed)
         log.info("%s: %d env(s), policy version %d, streaming to %s, %s",
                  actor_id, args.actors, actor.policy_version, args.learner_address, priority)
+        StatsReporter(actor_id, actor.stats, stop).start()
         actor.run(stop)
     except LearnerUnavailableError as exc:
         log.error("%s", exc)

@@ -702,6 +702,32 @@ def launch_log_fields(lines: Sequence[str]) -> Dict[str, str]:
     return out
 
 
+# A line of actors.run.StatsReporter: "<id>: N agent steps in S s (R/s); CPU ms per agent step: env X, ...".
+ACTOR_STATS_LINE = re.compile(r": (\d+) agent steps in [\d.]+ s \([\d.]+/s\); CPU ms per agent step: (.+)$")
+
+
+def actor_loop_costs(logs: Sequence[Sequence[str]]) -> Dict[str, Any]:
+    """The actors' own accounting of their loop: ``{"actor_loop_ms_per_step": {part: ms of
+    the actor thread's CPU per agent step}, "actor_loop_reports": n}`` from the periodic lines
+    of each actor process's log (one list of lines per process), weighted by their agent
+    steps; each process's first report is left out (it holds the warm-up). Empty when no
+    report is left."""
+    totals: Dict[str, float] = {}
+    steps = reports = 0
+    for lines in logs:
+        found = [m for m in (ACTOR_STATS_LINE.search(line) for line in lines) if m]
+        for m in found[1:]:
+            n = int(m.group(1))
+            steps += n
+            reports += 1
+            for part in m.group(2).split(", "):
+                name, value = part.rsplit(" ", 1)
+                totals[name] = totals.get(name, 0.0) + float(value) * n
+    if not steps:
+        return {}
+    return {"actor_loop_ms_per_step": {k: v / steps for k, v in totals.items()}, "actor_loop_reports": reports}
+
+
 def run_launch_window(launch_args: Sequence[str], args, between: Optional[Callable[[int], None]] = None,
                       launch: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Runs ``python -m impala_rep.launch LAUNCH_ARGS`` on a temporary logdir until the
@@ -742,6 +768,9 @@ def run_launch_window(launch_args: Sequence[str], args, between: Optional[Callab
             code = _stop_launch(proc, args.stop_timeout)
             if code is None:
                 result["stop"] = f"killed after not stopping within {args.stop_timeout:.0f} s of SIGTERM"
+    if "error" not in result:
+        result.update(actor_loop_costs([path.read_text(errors="replace").splitlines()
+                                        for path in sorted((logdir / "run" / "actors").glob("*.log"))]))
     if args.keep_logdir:
         result["kept_logdir"] = str(logdir)
     else:
@@ -992,6 +1021,9 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
                 if "cores_machine" in e:
                     lines.append(f"  {'':32s} cores used: learner process {e['cores_learner']:.2f}, actor processes "
                                  f"{e['cores_actors']:.2f}, whole machine {e['cores_machine']:.2f} of {r.get('cores', available_cores()):g}")
+                if "actor_loop_ms_per_step" in e:
+                    parts = ", ".join(f"{k} {v:.3f}" for k, v in e["actor_loop_ms_per_step"].items())
+                    lines.append(f"  {'':32s} the actors' loop, CPU ms per agent step (their own reports): {parts}")
         if "ratio_to_ceiling" in r:
             per_slice = r.get("ratio_to_ceiling_per_slice", [])
             spread = (f"  (each slice against the rounds beside it: {', '.join(f'{100 * x:.1f} %' for x in per_slice)})"

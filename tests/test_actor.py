@@ -1,10 +1,12 @@
 """The actor loop (TF-free): unroll layout, overlap, frame prefixes, episode bookkeeping."""
 
+import time
+
 import numpy as np
 import pytest
 
 import envs
-from actors.actor import Actor
+from actors.actor import PHASES, Actor
 from impala_rep.config import frame_stack_keys
 from impala_rep.distributions import make_policy
 from impala_rep.framestack import FrameStacker, rebuild_stack
@@ -256,3 +258,94 @@ def test_actor_says_so_when_the_learners_network_settings_are_from_another_versi
     with pytest.raises(ValueError, match="network settings .* are not ones this actor can build .*"
                                          "an impala_rep learner of this version"):
         build_actor(_Client(cfg), 1, 0)
+
+
+def _burn(seconds):
+    """Spends ``seconds`` of this thread's CPU."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+class _BurningEnv:
+    """An env that spends ``cost`` seconds of CPU in each step."""
+
+    def __init__(self, env, cost):
+        self.env, self.cost = env, cost
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, action):
+        _burn(self.cost)
+        return self.env.step(action)
+
+
+class _BurningNetwork(RecordingNetwork):
+    cost = 0.0
+
+    def step_frames(self, obs, state, first, stacks):
+        _burn(self.cost)
+        return self.net.step_frames(obs, state, first, stacks)
+
+
+def test_cpu_is_accounted_to_the_part_of_the_loop_that_spent_it():
+    T, E = 4, 2
+    env_cost, policy_cost, sink_cost = 0.004, 0.006, 0.010
+    env_list = [_BurningEnv(envs.make("catch", seed=i), env_cost) for i in range(E)]
+    spec = env_spec_from_dm_env(env_list[0])
+    config = NetworkConfig()
+    net = _BurningNetwork(NumpyNetwork(config, stacked_observation_specs(spec.observations, {}), spec.action))
+    net.cost = policy_cost
+    out = []
+    actor = Actor(env_list, net, make_policy(spec.action, config), T, {},
+                  sink=lambda u: (_burn(sink_cost), out.append(u)), seed=0)
+    assert set(actor.stats.cpu_s) == set(PHASES) and not any(actor.stats.cpu_s.values())
+    steps = 3 * T + 1
+    t0 = time.thread_time()
+    actor.run(max_steps=E * steps)
+    spent = time.thread_time() - t0
+    cpu = actor.stats.cpu_s
+    assert len(out) == 3 * E
+    # Each part holds at least what was burnt in it and not the others' burns (each is
+    # at least 1.5x the largest margin allowed here).
+    assert env_cost * E * steps <= cpu["env"] < env_cost * E * steps + 0.6 * policy_cost * steps
+    assert policy_cost * steps <= cpu["policy"] < policy_cost * steps + 0.6 * env_cost * E
+    assert sink_cost * len(out) <= cpu["emit"] < sink_cost * len(out) + 0.6 * env_cost * E
+    assert cpu["other"] < 0.6 * env_cost * E
+    # Together they are the loop's CPU.
+    assert sum(cpu.values()) == pytest.approx(spent, rel=0.05)
+
+
+def test_stats_line_reports_the_rate_and_the_cpu_per_agent_step_of_each_part():
+    from actors.run import stats_line
+
+    before = (1000, {"env": 1.0, "policy": 0.5, "emit": 0.1, "other": 0.0})
+    after = (3000, {"env": 2.5, "policy": 0.8, "emit": 0.14, "other": 0.02})
+    line = stats_line("actor-0", before, after, 20.0)
+    assert line == ("actor-0: 2000 agent steps in 20.0 s (100.0/s); "
+                    "CPU ms per agent step: env 0.750, policy 0.150, emit 0.020, other 0.010")
+    assert stats_line("actor-0", after, after, 20.0) is None  # no steps: nothing to report
+
+
+def test_stats_reporter_logs_the_actors_stats_until_stopped(caplog):
+    import logging
+    import threading
+
+    from actors.actor import ActorStats
+    from actors.run import StatsReporter
+
+    stats, stop = ActorStats(), threading.Event()
+    reporter = StatsReporter("actor-7", stats, stop, interval=0.05)
+    with caplog.at_level(logging.INFO, logger="impala_rep.actor"):
+        reporter.start()
+        deadline = time.monotonic() + 10
+        while not any("actor-7" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            stats.steps += 10
+            stats.cpu_s["env"] += 0.01
+            time.sleep(0.01)
+        stop.set()
+        reporter.join(timeout=5)
+    assert not reporter.is_alive()
+    lines = [r.getMessage() for r in caplog.records if "actor-7" in r.getMessage()]
+    assert lines and "agent steps in" in lines[0] and "CPU ms per agent step: env 1.000" in lines[0]

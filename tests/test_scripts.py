@@ -715,6 +715,31 @@ def test_launch_log_fields_read_the_launchers_last_choice_of_each():
     assert bench.launch_log_fields(lines[:2]) == {"plan": fields["plan"], "learner_threads": fields["learner_threads"]}
 
 
+def test_actor_loop_costs_read_the_actors_reports_after_the_first_weighted_by_steps():
+    from actors.run import stats_line
+
+    def report(actor, steps, env, policy):
+        line = stats_line(actor, (0, dict.fromkeys(("env", "policy", "emit", "other"), 0.0)),
+                          (steps, {"env": env * steps / 1e3, "policy": policy * steps / 1e3, "emit": 0.0,
+                                   "other": 0.0}), 20.0)
+        return f"10:00:00 impala_rep.actor INFO {line}"
+
+    logs = [
+        ["10:00:00 impala_rep.actor INFO actor-0: 16 env(s), policy version 0", report("actor-0", 100, 9.0, 9.0),
+         report("actor-0", 3000, 0.8, 0.2), "something else", report("actor-0", 1000, 0.4, 0.1)],
+        [report("actor-1", 100, 9.0, 9.0), report("actor-1", 4000, 0.7, 0.2)],
+        [report("actor-2", 500, 5.0, 5.0)],  # only a first report: left out
+    ]
+    costs = bench.actor_loop_costs(logs)
+    assert costs["actor_loop_reports"] == 3
+    parts = costs["actor_loop_ms_per_step"]
+    assert list(parts) == ["env", "policy", "emit", "other"]
+    assert parts["env"] == pytest.approx((3000 * 0.8 + 1000 * 0.4 + 4000 * 0.7) / 8000)
+    assert parts["policy"] == pytest.approx((3000 * 0.2 + 1000 * 0.1 + 4000 * 0.2) / 8000)
+    assert parts["emit"] == 0.0
+    assert bench.actor_loop_costs([logs[2], []]) == {}
+
+
 def test_piece_children_import_this_checkout_first(monkeypatch):
     # The ceiling's children run as `python scripts/benchmark.py --child ...`, whose sys.path
     # starts with scripts/ and PYTHONPATH: this checkout must come before any editable install.
