@@ -939,6 +939,28 @@ def measure_pieces(workload: Workload, args, report, label: str = "", batch: Opt
 PIECES = ("env", "inference", "learner")
 
 
+def live_over_pieces(end_to_end: Mapping[str, Any], pieces: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
+    """Where the end-to-end run spent more CPU per agent step than the pieces imply, in ms:
+    ``env`` and ``policy`` (the actors' own reports of those parts against the env and
+    inference pieces), ``actor_pipeline`` (the rest of the actor processes' CPU: unroll
+    assembly, encoding, gRPC threads, batching observations) and ``learner`` (the learner
+    process against the learner piece). Empty without the actors' reports or the CPU split."""
+    loop = end_to_end.get("actor_loop_ms_per_step") or {}
+    rate = end_to_end.get("agent_steps_per_s")
+    if not {"env", "policy"} <= set(loop) or not rate or "cores_actors" not in end_to_end:
+        return {}
+    if any("agent_steps_per_s" not in pieces.get(p, {}) for p in PIECES):
+        return {}
+    alone = {p: 1e3 / pieces[p]["agent_steps_per_s"] for p in PIECES}
+    actors_ms = 1e3 * end_to_end["cores_actors"] / rate
+    return {
+        "env": loop["env"] - alone["env"],
+        "policy": loop["policy"] - alone["inference"],
+        "actor_pipeline": actors_ms - loop["env"] - loop["policy"],
+        "learner": 1e3 * end_to_end["cores_learner"] / rate - alone["learner"],
+    }
+
+
 def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
     """The pieces in ``args.rounds`` rounds and the end-to-end run, for one workload.
 
@@ -980,6 +1002,9 @@ def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
     e2e = out.get("end_to_end", {})
     if "agent_steps_per_s" in e2e and "ceiling_agent_steps_per_s" in out:
         out["ratio_to_ceiling"] = e2e["agent_steps_per_s"] / out["ceiling_agent_steps_per_s"]
+        gaps = live_over_pieces(e2e, out)
+        if gaps:
+            out["live_over_pieces_ms_per_step"] = gaps
         slice_rates = e2e.get("slices_agent_steps_per_s", [])
         if slice_rates and len(rounds) == len(slice_rates) + 1:
             # Slice i ran between rounds i and i+1: its ceiling is theirs.
@@ -1029,6 +1054,9 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
             spread = (f"  (each slice against the rounds beside it: {', '.join(f'{100 * x:.1f} %' for x in per_slice)})"
                       if len(per_slice) > 1 else "")
             lines.append(f"  {'ratio to ceiling':32s} {100 * r['ratio_to_ceiling']:10.1f} %{spread}")
+        if "live_over_pieces_ms_per_step" in r:
+            gaps = ", ".join(f"{k} {v:+.3f}" for k, v in r["live_over_pieces_ms_per_step"].items())
+            lines.append(f"  {'CPU ms per step over the pieces':32s} {gaps}")
     return "\n".join(lines)
 
 

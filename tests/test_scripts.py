@@ -740,6 +740,18 @@ def test_actor_loop_costs_read_the_actors_reports_after_the_first_weighted_by_st
     assert bench.actor_loop_costs([logs[2], []]) == {}
 
 
+def test_live_over_pieces_sets_the_actors_reports_and_process_cpu_beside_the_pieces():
+    pieces = {"env": {"agent_steps_per_s": 1000.0}, "inference": {"agent_steps_per_s": 5000.0},
+              "learner": {"agent_steps_per_s": 2500.0}}
+    e2e = {"agent_steps_per_s": 1000.0, "cores_actors": 1.5, "cores_learner": 0.5,
+           "actor_loop_ms_per_step": {"env": 1.1, "policy": 0.25, "emit": 0.03, "other": 0.01}}
+    gaps = bench.live_over_pieces(e2e, pieces)
+    assert gaps == pytest.approx({"env": 0.1, "policy": 0.05, "actor_pipeline": 0.15, "learner": 0.1})
+    # Without the actors' reports, or a piece that failed, there is nothing to set beside.
+    assert bench.live_over_pieces({k: v for k, v in e2e.items() if k != "actor_loop_ms_per_step"}, pieces) == {}
+    assert bench.live_over_pieces(e2e, {**pieces, "learner": {"error": "failed"}}) == {}
+
+
 def test_piece_children_import_this_checkout_first(monkeypatch):
     # The ceiling's children run as `python scripts/benchmark.py --child ...`, whose sys.path
     # starts with scripts/ and PYTHONPATH: this checkout must come before any editable install.
