@@ -39,8 +39,17 @@ def _cpu_per_step(run, seconds: float, steps_per_call: int):
     return 1e3 * (time.process_time() - cpu0) / (calls * steps_per_call), calls
 
 
+def _timed_cpu_per_step(run, seconds: float, steps_per_call: int):
+    """Like :func:`_cpu_per_step` for a ``run()`` that returns the CPU seconds of its own timed part."""
+    calls, spent, wall0 = 0, 0.0, time.perf_counter()
+    while calls < 3 or time.perf_counter() - wall0 < seconds:
+        spent += run()
+        calls += 1
+    return 1e3 * spent / (calls * steps_per_call), calls
+
+
 def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, refresh: bool = False,
-            seed: int = 0):
+            seed: int = 0, evict_mb: float = 0.0):
     import numpy as np
 
     import envs as envs_lib
@@ -54,6 +63,8 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
         raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}.")
     if envs < 1 or unroll_length < 1 or seconds <= 0:
         raise ValueError("--envs and --unroll-length must be at least 1 and --seconds positive.")
+    if not 0 <= evict_mb <= 4096:
+        raise ValueError(f"--evict-mb must be between 0 and 4096, got {evict_mb:g}.")
     w = WORKLOADS[workload]
     env_list = [envs_lib.make(w.env_id, seed=seed + i, **w.env_kwargs) for i in range(envs)]
     spec = env_spec_from_dm_env(env_list[0])
@@ -90,12 +101,35 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
         out, _, state = network.step_frames(obs, state, first, stacks)
         policy.sample_np(out, rng)
 
-    # The three in turn, a few rounds, so that a drifting machine affects them alike.
-    totals = {"loop": [0.0, 0], "env": [0.0, 0], "inference": [0.0, 0]}
+    # Memory written between inference calls (untimed), as the envs' and other processes' work
+    # evicts the policy's parameters and frame blocks from the caches between two live calls.
+    evict = np.ones(int(evict_mb * 2 ** 20) // 8) if evict_mb > 0 else None
+
+    def infer_evicted():
+        evict.__iadd__(1.0)
+        cpu = time.process_time()
+        infer()
+        return time.process_time() - cpu
+
+    parts = [("loop", actor.step, 0.5), ("env", step_envs, 0.25), ("inference", infer, 0.25)]
+    if evict is not None:
+        parts = [(name, run, 0.4 if name == "loop" else 0.2) for name, run, _ in parts]
+        parts.append(("inference_evicted", infer_evicted, 0.2))
+    # The parts in turn, a few rounds, so that a drifting machine affects them alike.
+    totals = {name: [0.0, 0] for name, _, _ in parts}
+    loop_cpu, loop_steps = dict.fromkeys(actor.stats.cpu_s, 0.0), 0
     rounds = 3
     for _ in range(rounds):
-        for name, run, share in (("loop", actor.step, 0.5), ("env", step_envs, 0.25), ("inference", infer, 0.25)):
-            ms, calls = _cpu_per_step(run, seconds * share / rounds, envs)
+        for name, run, share in parts:
+            if name == "inference_evicted":
+                ms, calls = _timed_cpu_per_step(run, seconds * share / rounds, envs)
+            else:
+                before = actor.stats.steps, dict(actor.stats.cpu_s)
+                ms, calls = _cpu_per_step(run, seconds * share / rounds, envs)
+                if name == "loop":
+                    loop_steps += actor.stats.steps - before[0]
+                    for k, v in actor.stats.cpu_s.items():
+                        loop_cpu[k] += v - before[1][k]
             totals[name][0] += ms * calls
             totals[name][1] += calls
     loop_ms, env_ms, inference_ms = (totals[k][0] / totals[k][1] for k in ("loop", "env", "inference"))
@@ -104,7 +138,13 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
         close = getattr(env, "close", None)
         if close is not None:
             close()
+    extra = {}
+    if evict is not None:
+        extra = {"evict_mb": evict_mb, "inference_evicted_ms_per_step": totals["inference_evicted"][0] / totals["inference_evicted"][1]}
     return {
+        **extra,
+        # The loop's own accounting of its parts (actors.actor.ActorStats.cpu_s), as an actor process logs it.
+        "loop_parts_ms_per_step": {k: 1e3 * v / loop_steps for k, v in loop_cpu.items()},
         "workload": workload, "envs": envs, "unroll_length": unroll_length, "refresh": refresh,
         "loop_ms_per_step": loop_ms, "env_ms_per_step": env_ms, "inference_ms_per_step": inference_ms,
         "overhead_ms_per_step": loop_ms - env_ms - inference_ms,
@@ -125,6 +165,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=positive_float, default=10.0,
                         help="timed seconds in all: half for the loop, a quarter for each part, in 3 rounds")
     parser.add_argument("--refresh", action="store_true", help="new parameters after every unroll")
+    parser.add_argument("--evict-mb", type=float, default=0.0,
+                        help="also time the inference with this many MB of other memory written before each call, "
+                             "as live envs and processes evict the policy's state between calls (default 0: not timed)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     # One thread (llvmpipe in it), like the benchmark's ceiling pieces and the launcher's actor processes (set
@@ -134,7 +177,8 @@ def main(argv=None) -> int:
     os.environ.update(ACTOR_THREAD_ENV)
     os.environ.setdefault("MUJOCO_GL", "egl")
     try:
-        result = measure(args.workload, args.envs, args.seconds, args.unroll_length, args.refresh)
+        result = measure(args.workload, args.envs, args.seconds, args.unroll_length, args.refresh,
+                         evict_mb=args.evict_mb)
     except ValueError as e:
         print(f"bench_actor: {e}", file=sys.stderr)
         return 2
@@ -146,6 +190,9 @@ def main(argv=None) -> int:
         for key in ("loop", "env", "inference", "overhead"):
             print(f"  {key:<10} {result[key + '_ms_per_step']:.3f}")
         print(f"  overhead share of the loop: {result['overhead_share']:.0%}")
+        print("  the loop's own accounting: " + ", ".join(f"{k} {v:.3f}" for k, v in result["loop_parts_ms_per_step"].items()))
+        if "inference_evicted_ms_per_step" in result:
+            print(f"  inference after {args.evict_mb:g} MB of other writes: {result['inference_evicted_ms_per_step']:.3f}")
     return 0
 
 

@@ -654,12 +654,16 @@ def test_scripts_have_no_import_time_side_effects():
 
 def test_bench_actor_times_the_loop_and_its_parts():
     cmd = [sys.executable, str(SCRIPTS / "bench_actor.py"), "--envs", "2", "--unroll-length", "4",
-           "--seconds", "0.5", "--refresh", "--json"]
+           "--seconds", "0.5", "--refresh", "--evict-mb", "1", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(SCRIPTS.parent))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    for key in ("loop", "env", "inference"):
+    for key in ("loop", "env", "inference", "inference_evicted"):
         assert result[f"{key}_ms_per_step"] > 0
+    # The loop's own accounting of its parts adds up to about the loop's CPU.
+    parts = result["loop_parts_ms_per_step"]
+    assert list(parts) == ["env", "policy", "emit", "other"] and parts["policy"] > 0 and parts["emit"] > 0
+    assert sum(parts.values()) == pytest.approx(result["loop_ms_per_step"], rel=0.25)
     assert result["overhead_ms_per_step"] == pytest.approx(
         result["loop_ms_per_step"] - result["env_ms_per_step"] - result["inference_ms_per_step"])
     # Every unroll was serialized (5 frames of 84x84x3 and 2 prefix frames) and followed by
@@ -672,6 +676,7 @@ def test_bench_actor_times_the_loop_and_its_parts():
     (["--workload", "atari"], "unknown workload 'atari'"),
     (["--envs", "0"], "--envs and --unroll-length must be at least 1 and --seconds positive"),
     (["--seconds", "0"], "--seconds: expected a positive number, got 0"),
+    (["--evict-mb", "-1"], "--evict-mb must be between 0 and 4096, got -1"),
 ])
 def test_bench_actor_bad_arguments_get_sentences(argv, message):
     cmd = [sys.executable, str(SCRIPTS / "bench_actor.py"), "--seconds", "0.1"] + argv
