@@ -57,6 +57,10 @@ class ActorStats:
     # and the rest (batching observations, recording the step).
     cpu_s: Dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
+    def snapshot(self) -> Tuple[int, Dict[str, float]]:
+        """``(agent steps, {part: CPU seconds})`` now: two of them give a span's cost per step."""
+        return self.steps, dict(self.cpu_s)
+
 
 # sink(unroll) delivers one unroll; fetch_params(have_version) -> (version, params or None).
 Sink = Callable[[UnrollBatch], None]

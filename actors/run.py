@@ -34,8 +34,8 @@ STATS_INTERVAL_S = 20.0
 
 
 def stats_line(actor_id: str, before, after, seconds: float) -> Optional[str]:
-    """The periodic report between two ``(agent steps, {phase: CPU seconds})`` snapshots of
-    an actor's stats, or None when it took no step (it waited for the learner)."""
+    """The periodic report between two snapshots of an actor's stats
+    (:meth:`actors.actor.ActorStats.snapshot`), or None when it took no step (it waited for the learner)."""
     steps = after[0] - before[0]
     if steps <= 0 or seconds <= 0:
         return None
@@ -52,15 +52,12 @@ class StatsReporter(threading.Thread):
         super().__init__(name="actor-stats", daemon=True)
         self._id, self._stats, self._halt, self._interval = actor_id, stats, stop, float(interval)
 
-    def snapshot(self):
-        return self._stats.steps, dict(self._stats.cpu_s)
-
     def run(self) -> None:
         import time
 
-        before, t0 = self.snapshot(), time.monotonic()
+        before, t0 = self._stats.snapshot(), time.monotonic()
         while not self._halt.wait(self._interval):
-            after, t1 = self.snapshot(), time.monotonic()
+            after, t1 = self._stats.snapshot(), time.monotonic()
             line = stats_line(self._id, before, after, t1 - t0)
             if line:
                 log.info("%s", line)

@@ -30,20 +30,16 @@ SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 
 
-def _cpu_per_step(run, seconds: float, steps_per_call: int):
-    """(ms of process CPU per agent step, calls) of ``run()`` repeated for ``seconds``."""
-    calls, wall0, cpu0 = 0, time.perf_counter(), time.process_time()
-    while calls < 3 or time.perf_counter() - wall0 < seconds:
-        run()
-        calls += 1
-    return 1e3 * (time.process_time() - cpu0) / (calls * steps_per_call), calls
-
-
-def _timed_cpu_per_step(run, seconds: float, steps_per_call: int):
-    """Like :func:`_cpu_per_step` for a ``run()`` that returns the CPU seconds of its own timed part."""
+def _cpu_per_step(run, seconds: float, steps_per_call: int, prepare=None):
+    """(ms of process CPU per agent step, calls) of ``run()`` repeated for ``seconds``;
+    ``prepare()``, if given, runs untimed before each call."""
     calls, spent, wall0 = 0, 0.0, time.perf_counter()
     while calls < 3 or time.perf_counter() - wall0 < seconds:
-        spent += run()
+        if prepare is not None:
+            prepare()
+        cpu0 = time.process_time()
+        run()
+        spent += time.process_time() - cpu0
         calls += 1
     return 1e3 * spent / (calls * steps_per_call), calls
 
@@ -104,34 +100,23 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
     # Memory written between inference calls (untimed), as the envs' and other processes' work
     # evicts the policy's parameters and frame blocks from the caches between two live calls.
     evict = np.ones(int(evict_mb * 2 ** 20) // 8) if evict_mb > 0 else None
-
-    def infer_evicted():
-        evict.__iadd__(1.0)
-        cpu = time.process_time()
-        infer()
-        return time.process_time() - cpu
-
-    parts = [("loop", actor.step, 0.5), ("env", step_envs, 0.25), ("inference", infer, 0.25)]
+    parts = [("loop", actor.step, 0.5, None), ("env", step_envs, 0.25, None), ("inference", infer, 0.25, None)]
     if evict is not None:
-        parts = [(name, run, 0.4 if name == "loop" else 0.2) for name, run, _ in parts]
-        parts.append(("inference_evicted", infer_evicted, 0.2))
-    # The parts in turn, a few rounds, so that a drifting machine affects them alike.
-    totals = {name: [0.0, 0] for name, _, _ in parts}
-    loop_cpu, loop_steps = dict.fromkeys(actor.stats.cpu_s, 0.0), 0
+        parts = [(name, run, 0.4 if name == "loop" else 0.2, None) for name, run, _, _ in parts]
+        parts.append(("inference_evicted", infer, 0.2, lambda: np.add(evict, 1.0, out=evict)))
+    # The parts in turn, a few rounds, so that a drifting machine affects them alike. Only
+    # the loop steps the actor, so its stats' span is the loop's own accounting.
+    totals = {name: [0.0, 0] for name, _, _, _ in parts}
+    stats_before = actor.stats.snapshot()
     rounds = 3
     for _ in range(rounds):
-        for name, run, share in parts:
-            if name == "inference_evicted":
-                ms, calls = _timed_cpu_per_step(run, seconds * share / rounds, envs)
-            else:
-                before = actor.stats.steps, dict(actor.stats.cpu_s)
-                ms, calls = _cpu_per_step(run, seconds * share / rounds, envs)
-                if name == "loop":
-                    loop_steps += actor.stats.steps - before[0]
-                    for k, v in actor.stats.cpu_s.items():
-                        loop_cpu[k] += v - before[1][k]
+        for name, run, share, prepare in parts:
+            ms, calls = _cpu_per_step(run, seconds * share / rounds, envs, prepare)
             totals[name][0] += ms * calls
             totals[name][1] += calls
+    stats_after = actor.stats.snapshot()
+    loop_steps = stats_after[0] - stats_before[0]
+    loop_cpu = {k: v - stats_before[1][k] for k, v in stats_after[1].items()}
     loop_ms, env_ms, inference_ms = (totals[k][0] / totals[k][1] for k in ("loop", "env", "inference"))
     calls = totals["loop"][1]
     for env in env_list:
