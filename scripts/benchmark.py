@@ -266,7 +266,7 @@ def select_window(records: Sequence[Mapping[str, Any]], warmup: float, seconds: 
 
 WINDOW_DIAGNOSTICS = ("queue_fill", "policy_lag_mean", "time_share/wait_batch", "time_share/train",
                       "time_share/publish", "transport/megabytes_per_second", "cores_learner", "cores_actors",
-                      "cores_machine")
+                      "cores_machine", "cores_learner_tensorflow")
 
 
 def combine_windows(windows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -501,6 +501,32 @@ def _cpu_seconds(pid: int) -> Optional[float]:
         return None
 
 
+# TensorFlow names the threads of its compute pools tf_* (tf_Compute: the inter-op pool the
+# learner's replicas run on); the learner process's other threads are Python's (the training
+# loop, the batcher, gRPC handlers) and gRPC's own (event_engine, timers).
+TF_THREAD_PREFIX = "tf_"
+
+
+def threads_cpu_seconds(pid: int, prefix: str) -> Optional[float]:
+    """User + system CPU seconds of the threads of process ``pid`` whose name starts with
+    ``prefix`` (threads that ended are not counted), or ``None`` if the process is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if name.startswith(prefix):
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _machine_busy_seconds() -> Optional[float]:
     """CPU seconds all cores spent busy since boot (``/proc/stat``: all but idle and iowait)."""
     try:
@@ -512,12 +538,14 @@ def _machine_busy_seconds() -> Optional[float]:
 
 
 def cpu_sample(launcher_pid: int) -> Dict[str, Any]:
-    """CPU seconds so far of the launcher (= learner) process, of its descendants (the actor
+    """CPU seconds so far of the launcher (= learner) process, of its TensorFlow threads
+    (``learner_tensorflow``, :data:`TF_THREAD_PREFIX`), of its descendants (the actor
     processes) and of the whole machine, and the resident memory of the whole process tree
     (``rss_mb``), stamped with the wall-clock time. Walks /proc once."""
     descendants = _descendants(launcher_pid)
     actors = [c for c in (_cpu_seconds(pid) for pid in descendants) if c is not None]
-    return {"time": time.time(), "learner": _cpu_seconds(launcher_pid), "actors": sum(actors),
+    return {"time": time.time(), "learner": _cpu_seconds(launcher_pid),
+            "learner_tensorflow": threads_cpu_seconds(launcher_pid, TF_THREAD_PREFIX), "actors": sum(actors),
             "actor_processes": len(actors), "machine": _machine_busy_seconds(),
             "rss_mb": tree_rss_mb(launcher_pid, descendants)}
 
@@ -525,8 +553,9 @@ def cpu_sample(launcher_pid: int) -> Dict[str, Any]:
 def cpu_split(samples: Sequence[Mapping[str, Any]], start: float, end: float) -> Optional[Dict[str, float]]:
     """Cores used on average between wall-clock times ``start`` and ``end`` by the learner
     process, the actor processes and the whole machine, from the two samples closest to
-    those times (``None`` with fewer than two usable samples). Actor processes that start or
-    end inside the window make its actor figure approximate."""
+    those times (``None`` with fewer than two usable samples), and by the learner's
+    TensorFlow threads (``cores_learner_tensorflow``) when both samples have them. Actor
+    processes that start or end inside the window make its actor figure approximate."""
     usable = [s for s in samples if s.get("learner") is not None and s.get("machine") is not None]
     if len(usable) < 2:
         return None
@@ -535,7 +564,10 @@ def cpu_split(samples: Sequence[Mapping[str, Any]], start: float, end: float) ->
     if b["time"] <= a["time"]:
         return None
     elapsed = b["time"] - a["time"]
-    return {f"cores_{k}": (b[k] - a[k]) / elapsed for k in ("learner", "actors", "machine")}
+    keys = ["learner", "actors", "machine"]
+    if a.get("learner_tensorflow") is not None and b.get("learner_tensorflow") is not None:
+        keys.append("learner_tensorflow")
+    return {f"cores_{k}": (b[k] - a[k]) / elapsed for k in keys}
 
 
 def signal_tree(pid: int, sig: int) -> List[int]:
@@ -944,7 +976,11 @@ def live_over_pieces(end_to_end: Mapping[str, Any], pieces: Mapping[str, Mapping
     ``env`` and ``policy`` (the actors' own reports of those parts against the env and
     inference pieces), ``actor_pipeline`` (the rest of the actor processes' CPU: unroll
     assembly, encoding, gRPC threads, batching observations) and ``learner`` (the learner
-    process against the learner piece). Empty without the actors' reports or the CPU split."""
+    process against the learner piece). With the learner's TensorFlow threads measured,
+    ``learner`` is also split: ``learner_tensorflow`` (those threads against the learner
+    piece, which counts its own Python dispatch too) and ``learner_rest`` (the learner
+    process's other threads: gRPC ingest, batching, publishing, the training loop's Python).
+    Empty without the actors' reports or the CPU split."""
     loop = end_to_end.get("actor_loop_ms_per_step") or {}
     rate = end_to_end.get("agent_steps_per_s")
     if not {"env", "policy"} <= set(loop) or not rate or "cores_actors" not in end_to_end:
@@ -953,12 +989,17 @@ def live_over_pieces(end_to_end: Mapping[str, Any], pieces: Mapping[str, Mapping
         return {}
     alone = {p: 1e3 / pieces[p]["agent_steps_per_s"] for p in PIECES}
     actors_ms = 1e3 * end_to_end["cores_actors"] / rate
-    return {
+    gaps = {
         "env": loop["env"] - alone["env"],
         "policy": loop["policy"] - alone["inference"],
         "actor_pipeline": actors_ms - loop["env"] - loop["policy"],
         "learner": 1e3 * end_to_end["cores_learner"] / rate - alone["learner"],
     }
+    if "cores_learner_tensorflow" in end_to_end:
+        tensorflow_ms = 1e3 * end_to_end["cores_learner_tensorflow"] / rate
+        gaps["learner_tensorflow"] = tensorflow_ms - alone["learner"]
+        gaps["learner_rest"] = 1e3 * end_to_end["cores_learner"] / rate - tensorflow_ms
+    return gaps
 
 
 def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
@@ -1044,7 +1085,9 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
                 lines.append(f"  {'':32s} over {e['window_seconds']:.1f} s; queue fill {e.get('queue_fill', float('nan')):.2f}, "
                              f"policy lag {e.get('policy_lag_mean', float('nan')):.1f}; plan: {e.get('plan', '?')}")
                 if "cores_machine" in e:
-                    lines.append(f"  {'':32s} cores used: learner process {e['cores_learner']:.2f}, actor processes "
+                    tf = (f" (TensorFlow's threads {e['cores_learner_tensorflow']:.2f})"
+                          if "cores_learner_tensorflow" in e else "")
+                    lines.append(f"  {'':32s} cores used: learner process {e['cores_learner']:.2f}{tf}, actor processes "
                                  f"{e['cores_actors']:.2f}, whole machine {e['cores_machine']:.2f} of {r.get('cores', available_cores()):g}")
                 if "actor_loop_ms_per_step" in e:
                     parts = ", ".join(f"{k} {v:.3f}" for k, v in e["actor_loop_ms_per_step"].items())
@@ -1055,7 +1098,13 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
                       if len(per_slice) > 1 else "")
             lines.append(f"  {'ratio to ceiling':32s} {100 * r['ratio_to_ceiling']:10.1f} %{spread}")
         if "live_over_pieces_ms_per_step" in r:
-            gaps = ", ".join(f"{k} {v:+.3f}" for k, v in r["live_over_pieces_ms_per_step"].items())
+            over = dict(r["live_over_pieces_ms_per_step"])
+            split = ({k: over.pop(k) for k in ("learner_tensorflow", "learner_rest")}
+                     if "learner_tensorflow" in over else None)
+            gaps = ", ".join(f"{k} {v:+.3f}" for k, v in over.items())
+            if split is not None:
+                gaps += (f" (TensorFlow's threads {split['learner_tensorflow']:+.3f}, the rest of the learner "
+                         f"process {split['learner_rest']:+.3f})")
             lines.append(f"  {'CPU ms per step over the pieces':32s} {gaps}")
     return "\n".join(lines)
 

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,6 +105,9 @@ def test_cpu_split_is_cores_used_between_the_samples_nearest_the_window():
     samples = [{"time": 100.0 + i, "learner": 1.5 * i, "actors": 0.5 * i, "machine": 1.9 * i} for i in range(10)]
     split = bench.cpu_split(samples, start=102.2, end=107.9)  # nearest samples: t=102 and t=108
     assert split == pytest.approx({"cores_learner": 1.5, "cores_actors": 0.5, "cores_machine": 1.9})
+    with_tf = [{**s, "learner_tensorflow": 1.2 * i} for i, s in enumerate(samples)]
+    assert bench.cpu_split(with_tf, start=102.2, end=107.9) == pytest.approx(
+        {"cores_learner": 1.5, "cores_actors": 0.5, "cores_machine": 1.9, "cores_learner_tensorflow": 1.2})
     assert bench.cpu_split(samples[:1], 100.0, 101.0) is None
     assert bench.cpu_split(samples, 105.0, 105.2) is None  # both ends pick the same sample
 
@@ -755,6 +759,61 @@ def test_live_over_pieces_sets_the_actors_reports_and_process_cpu_beside_the_pie
     # Without the actors' reports, or a piece that failed, there is nothing to set beside.
     assert bench.live_over_pieces({k: v for k, v in e2e.items() if k != "actor_loop_ms_per_step"}, pieces) == {}
     assert bench.live_over_pieces(e2e, {**pieces, "learner": {"error": "failed"}}) == {}
+    # With the learner's TensorFlow threads measured, its gap is split between them and the rest.
+    split = bench.live_over_pieces({**e2e, "cores_learner_tensorflow": 0.42}, pieces)
+    assert split == pytest.approx({"env": 0.1, "policy": 0.05, "actor_pipeline": 0.15, "learner": 0.1,
+                                   "learner_tensorflow": 0.02, "learner_rest": 0.08})
+
+
+def test_summary_prints_the_learner_split_between_tensorflow_and_the_rest():
+    e2e = {"actors": 32, "agent_steps_per_s": 3000.0, "window_seconds": 60.0, "queue_fill": 1.0,
+           "policy_lag_mean": 5.0, "plan": "32 actors in 1 process(es)", "cores_learner": 1.2,
+           "cores_learner_tensorflow": 1.05, "cores_actors": 0.7, "cores_machine": 1.9}
+    result = {"workload": "synthetic", "env_id": "x", "env_kwargs": {}, "network": "shallow", "unroll_length": 20,
+              "batch_size": 32, "cores": 2, "end_to_end": e2e,
+              "live_over_pieces_ms_per_step": {"env": 0.001, "policy": 0.03, "actor_pipeline": 0.05, "learner": 0.06,
+                                               "learner_tensorflow": 0.01, "learner_rest": 0.05}}
+    text = bench.summary([result])
+    assert "learner process 1.20 (TensorFlow's threads 1.05)" in text
+    assert ("learner +0.060 (TensorFlow's threads +0.010, the rest of the learner process +0.050)" in text)
+    # Without the thread split (an older JSON), the line is as before.
+    del e2e["cores_learner_tensorflow"]
+    for key in ("learner_tensorflow", "learner_rest"):
+        del result["live_over_pieces_ms_per_step"][key]
+    text = bench.summary([result])
+    assert "learner process 1.20, actor processes 0.70" in text and "TensorFlow" not in text
+
+
+def test_threads_cpu_seconds_counts_only_the_named_threads():
+    # Two threads burn 0.3 s of CPU each (however long that takes); only the one whose
+    # kernel name starts with the prefix may count, and all of it must.
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    ready, release = threading.Barrier(3), threading.Event()
+
+    def burn(name):
+        libc.prctl(15, name, 0, 0, 0)  # PR_SET_NAME: the thread's name in /proc
+        start = time.thread_time()
+        while time.thread_time() - start < 0.3:
+            pass
+        ready.wait()
+        release.wait(30)
+
+    pid = os.getpid()
+    before = bench.threads_cpu_seconds(pid, "tf_benchtest")
+    threads = [threading.Thread(target=burn, args=(n,), daemon=True) for n in (b"tf_benchtest", b"other_burn")]
+    for t in threads:
+        t.start()
+    try:
+        ready.wait(60)
+        after = bench.threads_cpu_seconds(pid, "tf_benchtest")
+    finally:
+        release.set()
+        for t in threads:
+            t.join(30)
+    assert before == 0.0
+    assert 0.25 <= after <= 0.45
+    assert bench.threads_cpu_seconds(2**22 + 12345, "tf_") is None  # no such process
 
 
 def test_piece_children_import_this_checkout_first(monkeypatch):
