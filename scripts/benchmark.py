@@ -471,16 +471,36 @@ def measure_learner(seconds: float, timeout: float, obs_shape: Sequence[int], fr
 # --------------------------------------------------------------------------- end to end
 
 
+def _read_stat(path: str) -> Optional[Tuple[str, List[str]]]:
+    """``(name, fields after the name)`` of a ``/proc/.../stat`` file (a process's or a
+    thread's), or ``None`` if it is gone or unreadable. Field 1 is the parent PID, fields 11
+    and 12 the user and system CPU ticks."""
+    try:
+        with open(path) as f:
+            stat = f.read()
+        return stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+    except (OSError, ValueError):
+        return None
+
+
+def _stat_cpu_seconds(fields: Sequence[str]) -> Optional[float]:
+    """User + system CPU seconds from the fields :func:`_read_stat` returns."""
+    try:
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError):
+        return None
+
+
 def _descendants(pid: int) -> List[int]:
     """PIDs of the processes below ``pid`` (from /proc; empty where /proc is missing)."""
     children: Dict[int, List[int]] = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
             continue
+        stat = _read_stat(f"/proc/{entry}/stat")
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+            ppid = int(stat[1][1])
+        except (TypeError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
     out, todo = [], [pid]
@@ -493,12 +513,8 @@ def _descendants(pid: int) -> List[int]:
 
 def _cpu_seconds(pid: int) -> Optional[float]:
     """User + system CPU seconds of one process (all its threads), or ``None`` if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
+    stat = _read_stat(f"/proc/{pid}/stat")
+    return None if stat is None else _stat_cpu_seconds(stat[1])
 
 
 # TensorFlow names the threads of its compute pools tf_* (tf_Compute: the inter-op pool the
@@ -514,17 +530,12 @@ def threads_cpu_seconds(pid: int, prefix: str) -> Optional[float]:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
-    total = 0
+    total = 0.0
     for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # the thread ended
-        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        if name.startswith(prefix):
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        stat = _read_stat(f"/proc/{pid}/task/{tid}/stat")  # None: the thread ended
+        if stat is not None and stat[0].startswith(prefix):
+            total += _stat_cpu_seconds(stat[1]) or 0.0
+    return total
 
 
 def _machine_busy_seconds() -> Optional[float]:
@@ -989,16 +1000,17 @@ def live_over_pieces(end_to_end: Mapping[str, Any], pieces: Mapping[str, Mapping
         return {}
     alone = {p: 1e3 / pieces[p]["agent_steps_per_s"] for p in PIECES}
     actors_ms = 1e3 * end_to_end["cores_actors"] / rate
+    learner_ms = 1e3 * end_to_end["cores_learner"] / rate
     gaps = {
         "env": loop["env"] - alone["env"],
         "policy": loop["policy"] - alone["inference"],
         "actor_pipeline": actors_ms - loop["env"] - loop["policy"],
-        "learner": 1e3 * end_to_end["cores_learner"] / rate - alone["learner"],
+        "learner": learner_ms - alone["learner"],
     }
     if "cores_learner_tensorflow" in end_to_end:
         tensorflow_ms = 1e3 * end_to_end["cores_learner_tensorflow"] / rate
         gaps["learner_tensorflow"] = tensorflow_ms - alone["learner"]
-        gaps["learner_rest"] = 1e3 * end_to_end["cores_learner"] / rate - tensorflow_ms
+        gaps["learner_rest"] = learner_ms - tensorflow_ms
     return gaps
 
 
