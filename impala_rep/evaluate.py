@@ -150,7 +150,14 @@ def main(argv=None) -> int:
     parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="override an env argument")
     parser.add_argument("--video", default=None, metavar="FILE.mp4", help="record the episodes' pixel observations")
     parser.add_argument("--report", default=None, help="JSON report path (default RUN_DIR/eval/eval-STEP.json, or eval-STEP-N.json where that exists)")
+    parser.add_argument("--nice", type=int, default=0, metavar="N",
+                        help="lower this process's CPU priority by N (0-19) first; a training run's own "
+                             "evaluations use its --actor-nice")
     args = parser.parse_args(argv)
+    if not 0 <= args.nice <= 19:
+        parser.error(f"--nice must be between 0 and 19, got {args.nice}.")
+    if args.nice:
+        os.nice(args.nice)  # before anything starts a thread; threads inherit it
     import envs
     from impala_rep.export import PolicyLoadError
 

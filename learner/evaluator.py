@@ -54,6 +54,8 @@ class PolicyEvaluator:
     def __init__(self, run_dir: str, episodes: int, greedy: bool = False, seed: int = 0, nice: int = 10):
         if int(episodes) < 1:
             raise ValueError(f"eval-episodes must be at least 1 to evaluate, got {episodes}.")
+        if not 0 <= int(nice) <= 19:
+            raise ValueError(f"the evaluator's nice must be between 0 and 19, got {nice}.")
         self.run_dir = run_dir
         self.episodes = int(episodes)
         self.greedy = bool(greedy)
@@ -71,7 +73,7 @@ class PolicyEvaluator:
     def command(self, report: str) -> List[str]:
         cmd = [sys.executable, "-m", "impala_rep.evaluate", self.run_dir, "--episodes", str(self.episodes),
                "--seed", str(self.seed), "--report", report]
-        return cmd + (["--greedy"] if self.greedy else [])
+        return cmd + (["--greedy"] if self.greedy else []) + (["--nice", str(self.nice)] if self.nice else [])
 
     def start(self, learner_step: int) -> bool:
         """Evaluates the policy just exported at ``learner_step``; False if one still runs."""
@@ -84,11 +86,14 @@ class PolicyEvaluator:
         self._step = int(learner_step)
         self._report = os.path.join(eval_dir, f"eval-{self._step}.json")
         env = actor_process_env()
-        nice = self.nice
         self._log_file = open(os.path.join(eval_dir, "evaluator.log"), "ab")  # pylint: disable=consider-using-with
+        # The child lowers its own priority (--nice). No preexec_fn: it would run Python in the
+        # forked child of this process, whose gRPC threads are live, and gRPC's fork handlers
+        # then abort the child now and then (seen: exit status -6, "epoll_wait error: Bad file
+        # descriptor", one evaluation of three lost in a cartpole run).
         self._proc = subprocess.Popen(  # pylint: disable=consider-using-with
             self.command(self._report), stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+            env=env)
         return True
 
     def poll(self) -> Optional[EvalResult]:

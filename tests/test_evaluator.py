@@ -6,6 +6,9 @@ TensorFlow-free: the policy is exported from the NumPy backend, as the learner e
 import json
 import logging
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -64,3 +67,39 @@ def test_close_stops_a_running_evaluation(tmp_path):
     assert evaluator.start(7) and evaluator.running
     evaluator.close()
     assert not evaluator.running and evaluator.poll() is None
+
+
+def test_the_child_lowers_its_own_priority_without_a_preexec_fn(tmp_path, monkeypatch):
+    # preexec_fn would run Python in the forked child of a learner whose gRPC threads are live,
+    # and gRPC's fork handlers then abort it now and then: the child must nice itself.
+    _export_catch_policy(str(tmp_path))
+    seen = {}
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        seen.update(kwargs)
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    evaluator = PolicyEvaluator(str(tmp_path), episodes=100000, nice=5)
+    assert evaluator.command("r.json")[-2:] == ["--nice", "5"]
+    assert "--nice" not in PolicyEvaluator(str(tmp_path), episodes=1, nice=0).command("r.json")
+    try:
+        assert evaluator.start(7)
+        assert seen.get("preexec_fn") is None
+        deadline = time.monotonic() + 60
+        while os.getpriority(os.PRIO_PROCESS, evaluator._proc.pid) != min(19, base + 5):
+            assert evaluator.running, open(tmp_path / "eval" / "evaluator.log").read()
+            assert time.monotonic() < deadline, "the evaluation never lowered its priority"
+            time.sleep(0.05)
+    finally:
+        evaluator.close()
+
+
+def test_nice_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="nice must be between 0 and 19, got 20"):
+        PolicyEvaluator("/nonexistent", episodes=1, nice=20)
+    proc = subprocess.run([sys.executable, "-m", "impala_rep.evaluate", "/nonexistent", "--nice", "-1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--nice must be between 0 and 19, got -1." in proc.stderr
