@@ -62,8 +62,10 @@ class ActorStats:
         return self.steps, dict(self.cpu_s)
 
 
-# sink(unroll) delivers one unroll; fetch_params(have_version) -> (version, params or None).
+# sink(unroll) delivers one unroll, sink_many(unrolls) those cut at one step (one per env);
+# fetch_params(have_version) -> (version, params or None).
 Sink = Callable[[UnrollBatch], None]
+SinkMany = Callable[[List[UnrollBatch]], None]
 FetchParams = Callable[[int], Tuple[int, Optional[Mapping[str, np.ndarray]]]]
 
 
@@ -78,6 +80,8 @@ class Actor:
       unroll_length: T; each unroll holds T+1 steps.
       frame_stack: observation key -> K for keys the agent stacks (single frames travel).
       sink: called with each finished :class:`UnrollBatch`.
+      sink_many: instead of ``sink``: called once per unroll boundary with the list of the
+        envs' finished unrolls, in env order (a transport can pack them into few messages).
       fetch_params: called between unrolls with the version the actor holds.
       seed: seeds the action sampling.
       policy_version: the version of the parameters the network holds.
@@ -94,12 +98,15 @@ class Actor:
         policy: Any,
         unroll_length: int,
         frame_stack: Mapping[str, int],
-        sink: Sink,
+        sink: Optional[Sink] = None,
         fetch_params: Optional[FetchParams] = None,
         seed: Optional[int] = None,
         policy_version: int = 0,
         desync_steps: int = 0,
+        sink_many: Optional[SinkMany] = None,
     ):
+        if (sink is None) == (sink_many is None):
+            raise ValueError("an actor needs exactly one of sink and sink_many.")
         if not envs:
             raise ValueError("an actor needs at least one env.")
         if int(unroll_length) < 1:
@@ -113,6 +120,7 @@ class Actor:
         self._T = int(unroll_length)
         self._frame_stack = {k: int(v) for k, v in frame_stack.items() if int(v) > 1}
         self._sink = sink
+        self._sink_many = sink_many
         self._fetch_params = fetch_params
         self._rng = np.random.default_rng(seed)
         self.policy_version = int(policy_version)
@@ -224,6 +232,7 @@ class Actor:
     def _emit(self) -> None:
         steps = self._steps
         stacked = {k: np.stack([s[k] for s in steps]) for k in steps[0]}  # [T+1, E, ...]
+        out: List[UnrollBatch] = []
         for i in range(len(self._envs)):
             tensors = {k: np.ascontiguousarray(v[:, i]) for k, v in stacked.items()}
             for key, prefix in self._prefix.items():
@@ -231,15 +240,20 @@ class Actor:
             for name, value in self._core_state.items():
                 tensors[f"core_state/{name}"] = np.ascontiguousarray(value[i])
             finished, self._finished[i] = self._finished[i], []
-            self._sink(
-                UnrollBatch(
-                    tensors=tensors,
-                    policy_version=self.policy_version,
-                    episode_returns=[r for r, _ in finished],
-                    episode_lengths=[n for _, n in finished],
-                )
+            unroll = UnrollBatch(
+                tensors=tensors,
+                policy_version=self.policy_version,
+                episode_returns=[r for r, _ in finished],
+                episode_lengths=[n for _, n in finished],
             )
-            self.stats.unrolls += 1
+            if self._sink_many is not None:
+                out.append(unroll)
+            else:
+                self._sink(unroll)
+                self.stats.unrolls += 1
+        if out:
+            self._sink_many(out)
+            self.stats.unrolls += len(out)
         # The last step opens the next unroll, with the prefix and core state recorded
         # before it was taken.
         self._steps = [steps[-1]]

@@ -4,8 +4,10 @@
 frame stacking, limits, parameter version and the launcher's ``run_config``), streams
 unrolls from a background sender thread, fetches newer parameters, and reconnects with
 exponential backoff and jitter while the learner is away. The caller keeps its envs and
-state: ``send`` only blocks (the outbox holds at most ``outbox_size`` encoded unrolls) until
-the learner is back.
+state: ``send`` only blocks (the outbox holds at most ``outbox_size`` encoded messages) until
+the learner is back. ``send_many`` packs several unrolls into each message (``UnrollBatch``,
+up to ``unrolls_per_message`` and the learner's ``max_batch_bytes``): gRPC spends less CPU
+per byte on fewer, larger messages.
 
 Errors the learner answers that retrying cannot fix are raised to the caller, on the next
 ``send``/``flush``/``get_parameters``: :class:`InvalidUnrollError` (``INVALID_ARGUMENT``, the
@@ -21,6 +23,8 @@ Usage::
         while True:
             ...step envs, cut an unroll {key: array} matching hs.unroll_spec...
             client.send(unroll, policy_version=version, episode_returns=[...], episode_lengths=[...])
+            # or, for the unrolls of several envs cut at once:
+            client.send_many([(unroll, version, returns, lengths), ...])
             fresh = client.get_parameters()          # None when the actor is up to date
             if fresh is not None:
                 version, params = fresh
@@ -36,14 +40,14 @@ import queue
 import random
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 import numpy as np
 
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec
-from impala_rep.wire import decode_tensors, encode_unroll_bytes, spec_from_proto
+from impala_rep.wire import decode_tensors, encode_unroll_batch, encode_unroll_bytes, encode_unroll_parts, spec_from_proto
 
 __all__ = [
     "TOKEN_METADATA_KEY",
@@ -64,6 +68,16 @@ _RETRYABLE = frozenset(
 )
 _log = logging.getLogger(__name__)
 R = TypeVar("R")
+# One unroll for send_many: (tensors, policy_version, episode_returns, episode_lengths).
+UnrollItem = Tuple[Mapping[str, np.ndarray], int, Sequence[float], Sequence[int]]
+
+
+class _Message(NamedTuple):
+    """An encoded message in the outbox: an ``Unroll`` or (batch) an ``UnrollBatch``."""
+
+    payload: bytes
+    unrolls: int
+    batch: bool
 
 
 class TransportError(RuntimeError):
@@ -102,6 +116,7 @@ class Handshake:
     parameter_version: int
     max_message_bytes: int
     run_config: str
+    max_batch_bytes: int = 0  # 0: the learner takes one unroll per message only
 
     def run_config_dict(self) -> Dict[str, Any]:
         """``run_config`` parsed from JSON."""
@@ -124,7 +139,9 @@ class LearnerClient:
       root_certificates: PEM bytes, or a path to a PEM file, of the certificate(s) to trust;
         given, the channel uses TLS.
       actor_id: a name for this actor in the learner's metrics.
-      outbox_size: encoded unrolls waiting for the sender thread (bound; ``send`` blocks when full).
+      outbox_size: encoded messages waiting for the sender thread (bound; ``send`` blocks when full).
+      unrolls_per_message: the most unrolls ``send_many`` packs into one message (1: one
+        unroll per message, as ``send``; learners that take no batches get one per message).
       validate: check keys, dtypes, shapes and size against the handshake before sending
         (the learner validates everything anyway; this fails early, with a ``ValueError``).
       backoff_initial_s, backoff_max_s: exponential backoff with jitter between reconnects.
@@ -142,6 +159,7 @@ class LearnerClient:
         *,
         actor_id: str = "actor",
         outbox_size: int = 4,
+        unrolls_per_message: int = 8,
         validate: bool = True,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 10.0,
@@ -151,6 +169,9 @@ class LearnerClient:
     ):
         if int(outbox_size) < 1:
             raise ValueError(f"outbox_size must be at least 1, got {outbox_size}.")
+        if int(unrolls_per_message) < 1:
+            raise ValueError(f"unrolls_per_message must be at least 1, got {unrolls_per_message}.")
+        self.unrolls_per_message = int(unrolls_per_message)
         if backoff_initial_s <= 0 or backoff_max_s < backoff_initial_s:
             raise ValueError("backoff needs 0 < backoff_initial_s <= backoff_max_s.")
         self.address = address
@@ -184,12 +205,15 @@ class LearnerClient:
             request_serializer=transport_pb2.GetParametersRequest.SerializeToString,
             response_deserializer=transport_pb2.GetParametersResponse.FromString,
         )
-        self._stream_call = self._channel.stream_unary(
-            _SERVICE + "StreamUnrolls",
-            request_serializer=lambda b: b,  # unrolls are serialized by send()
-            response_deserializer=transport_pb2.StreamSummary.FromString,
-        )
-        self._outbox: "queue.Queue[bytes]" = queue.Queue(maxsize=int(outbox_size))
+        self._stream_calls = {
+            batch: self._channel.stream_unary(
+                _SERVICE + ("StreamUnrollBatches" if batch else "StreamUnrolls"),
+                request_serializer=lambda b: b,  # serialized by send() and send_many()
+                response_deserializer=transport_pb2.StreamSummary.FromString,
+            )
+            for batch in (False, True)
+        }
+        self._outbox: "queue.Queue[_Message]" = queue.Queue(maxsize=int(outbox_size))
         # Taken from the outbox but not handed to gRPC, or handed to a stream the learner
         # refused before reading it (stream limit): sent first on the next stream.
         self._pending: collections.deque = collections.deque()
@@ -203,6 +227,7 @@ class LearnerClient:
         self._discard = False  # close(drain=False): drop what is queued
         self._lock = threading.Lock()
         self.unrolls_sent = 0  # handed to gRPC
+        self.messages_sent = 0
         self.reconnects = 0
 
     # ------------------------------------------------------------------ public API
@@ -239,10 +264,51 @@ class LearnerClient:
         if self._sender is None:
             self.connect()
         payload = self.encode_unroll(unroll, policy_version, episode_returns, episode_lengths)
+        self._put(_Message(payload, 1, False), None if timeout is None else time.monotonic() + timeout, timeout)
+
+    def send_many(self, unrolls: Sequence[UnrollItem], timeout: Optional[float] = None) -> None:
+        """Queues several unrolls, packed into as few messages as the limits allow, in order.
+
+        Each item is ``(tensors, policy_version, episode_returns, episode_lengths)``. A message
+        holds at most ``unrolls_per_message`` unrolls and the learner's ``max_batch_bytes``;
+        against a learner that takes no batches, or with ``unrolls_per_message=1``, each
+        unroll goes as ``send`` sends it. Errors and blocking as ``send``; an unroll that
+        fails validation raises before any of them is queued.
+        """
+        self._raise_fatal()
+        if self._sender is None:
+            self.connect()
+        hs = self._handshake
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self.unrolls_per_message == 1 or not hs.max_batch_bytes:
+            payloads = [self.encode_unroll(*item) for item in unrolls]
+            for payload in payloads:
+                self._put(_Message(payload, 1, False), deadline, timeout)
+            return
+        groups: List[list] = []
+        size = 0
+        for tensors, version, returns, lengths in unrolls:
+            if self._validate:
+                self._check_unroll(hs, tensors)
+            parts = encode_unroll_parts(self.actor_id, version, tensors, returns, lengths)
+            if self._validate and parts.nbytes > hs.max_message_bytes:
+                raise ValueError(
+                    f"the unroll encodes to {parts.nbytes} bytes, more than the learner's limit of "
+                    f"{hs.max_message_bytes} bytes."
+                )
+            need = parts.nbytes + 11  # the field's tag and length: at most 11 bytes
+            if not groups or len(groups[-1]) >= self.unrolls_per_message or size + need > hs.max_batch_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(parts)
+            size += need
+        for group in groups:
+            self._put(_Message(encode_unroll_batch(group), len(group), True), deadline, timeout)
+
+    def _put(self, message: _Message, deadline: Optional[float], timeout: Optional[float]) -> None:
         while True:
             try:
-                self._outbox.put(payload, timeout=0.1)
+                self._outbox.put(message, timeout=0.1)
                 return
             except queue.Full:
                 self._raise_fatal()
@@ -401,6 +467,7 @@ class LearnerClient:
             parameter_version=int(reply.parameter_version),
             max_message_bytes=int(reply.max_message_bytes),
             run_config=reply.run_config,
+            max_batch_bytes=int(reply.max_batch_bytes),
         )
         old = self._handshake
         if old is not None and (old.unroll_spec != hs.unroll_spec or old.unroll_length != hs.unroll_length
@@ -416,24 +483,30 @@ class LearnerClient:
         self._handshake = hs
         return hs
 
-    def _requests(self, done: threading.Event):
-        """Yields queued unrolls into the current stream until it ends or the client closes."""
-        while True:
+    def _next_message(self, done: Optional[threading.Event] = None) -> bool:
+        """Makes sure ``_pending`` holds the next message; False once there is none to wait for."""
+        while not self._pending:
             if self._discard:
-                return
-            if not self._pending:
-                try:
-                    self._pending.append(self._outbox.get(timeout=0.05))
-                except queue.Empty:
-                    if self._closing.is_set() or done.is_set():
-                        return
-                    continue
-            if done.is_set():
+                return False
+            try:
+                self._pending.append(self._outbox.get(timeout=0.05))
+            except queue.Empty:
+                if self._closing.is_set() or (done is not None and done.is_set()):
+                    return False
+        return not self._discard
+
+    def _requests(self, done: threading.Event, batch: bool):
+        """Yields queued messages of one kind into the current stream until it ends, the next
+        message is of the other kind (the stream ends; the next one carries it), or the client
+        closes."""
+        while self._next_message(done):
+            if done.is_set() or self._pending[0].batch != batch:
                 return  # keep _pending for the next stream
             item = self._pending.popleft()
             self._yielded.append(item)
-            self.unrolls_sent += 1
-            yield item
+            self.unrolls_sent += item.unrolls
+            self.messages_sent += 1
+            yield item.payload
 
     def _sender_loop(self) -> None:
         attempt, since = 0, time.monotonic()
@@ -446,7 +519,10 @@ class LearnerClient:
                 if need_handshake:
                     self._do_handshake()
                     need_handshake = False
-                call = self._stream_call.future(self._requests(done), metadata=self._metadata)
+                if not self._next_message():
+                    return  # closing with nothing left to send
+                batch = self._pending[0].batch
+                call = self._stream_calls[batch].future(self._requests(done, batch), metadata=self._metadata)
                 self._call = call
                 call.add_done_callback(lambda _: done.set())
                 call.result()
@@ -460,7 +536,8 @@ class LearnerClient:
                 if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and _STREAM_LIMIT in (e.details() or ""):
                     # Refused before the learner read anything: resend what this stream took.
                     self._pending.extendleft(reversed(self._yielded))
-                    self.unrolls_sent -= len(self._yielded)
+                    self.unrolls_sent -= sum(item.unrolls for item in self._yielded)
+                    self.messages_sent -= len(self._yielded)
                 elif self.unrolls_sent > sent_before:
                     attempt, since = 0, time.monotonic()
                 if self._closing.is_set():

@@ -121,14 +121,14 @@ def build_actor(client, num_envs: int, seed: int):
         version, params = fresh
         network.set_params(params)
 
-    def sink(unroll):
-        client.send(unroll.tensors, unroll.policy_version, unroll.episode_returns, unroll.episode_lengths)
+    def sink_many(unrolls):
+        client.send_many([(u.tensors, u.policy_version, u.episode_returns, u.episode_lengths) for u in unrolls])
 
     def fetch(have_version):
         fresh = client.get_parameters()
         return (have_version, None) if fresh is None else fresh
 
-    return Actor(env_list, network, policy, hs.unroll_length, frame_stack, sink=sink, fetch_params=fetch,
+    return Actor(env_list, network, policy, hs.unroll_length, frame_stack, sink_many=sink_many, fetch_params=fetch,
                  seed=seed, policy_version=version, desync_steps=desync)
 
 
@@ -187,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--give-up-after", type=float, default=300.0,
                         help="seconds without the learner before exiting (default 300; inf: never)")
     parser.add_argument("--max-actor-restarts", type=int, default=10)
+    parser.add_argument("--unrolls-per-message", type=int, default=8,
+                        help="unrolls packed into one gRPC message (default 8; 1: one per message)")
     parser.add_argument("--nice", type=int, default=0,
                         help="lower the actor processes' CPU priority by this much, 0-19, so that a learner on "
                              "the same machine gets the CPU first (default 0; the launcher passes 10)")
@@ -206,6 +208,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(address_problem)
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be between 0 and 19, got {args.nice}.")
+    if args.unrolls_per_message < 1:
+        parser.error(f"--unrolls-per-message must be at least 1, got {args.unrolls_per_message}.")
     if not args.give_up_after > 0:  # NaN and 0 too; inf is "never"
         parser.error(f"--give-up-after must be a positive number of seconds (or inf: never), got {args.give_up_after}.")
     if args.max_actor_restarts < 0:
@@ -223,7 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     stop = threading.Event()
     actor_id = args.actor_id or f"actor-{os.getpid()}"
     client = LearnerClient(args.learner_address, token=token, root_certificates=args.tls_ca,
-                           actor_id=actor_id,
+                           actor_id=actor_id, unrolls_per_message=args.unrolls_per_message,
                            give_up_after_s=None if math.isinf(args.give_up_after) else args.give_up_after)
 
     def on_signal(*_):
@@ -263,7 +267,8 @@ def _supervise(args, token: Optional[str]) -> int:
     # This mostly idle parent keeps its own priority.
     commands = actor_process_commands(
         args.learner_address, split_envs(args.actors, args.actor_processes), args.seed,
-        id_prefix=args.actor_id or "actor", nice=args.nice, tls_ca=args.tls_ca, give_up_after=args.give_up_after)
+        id_prefix=args.actor_id or "actor", nice=args.nice, tls_ca=args.tls_ca, give_up_after=args.give_up_after,
+        unrolls_per_message=args.unrolls_per_message)
     env = dict(os.environ)
     if token:
         env["IMPALA_REP_TOKEN"] = token

@@ -35,6 +35,7 @@ def actor_process_commands(
     nice: int = 0,
     tls_ca: Optional[str] = None,
     give_up_after: Optional[float] = None,
+    unrolls_per_message: Optional[int] = None,
 ) -> List[List[str]]:
     """The ``python -m actors.run`` command of each actor process: process ``i`` hosts
     ``envs_per_process[i]`` envs, is called ``{id_prefix}-{i}`` and seeds them from
@@ -50,6 +51,8 @@ def actor_process_commands(
             cmd += ["--give-up-after", str(give_up_after)]
         if tls_ca:
             cmd += ["--tls-ca", tls_ca]
+        if unrolls_per_message is not None:
+            cmd += ["--unrolls-per-message", str(unrolls_per_message)]
         commands.append(cmd)
     return commands
 

@@ -84,6 +84,7 @@ class RunConfig:
     log_interval_s: float = 5.0
     max_actor_restarts: int = 10
     actor_nice: int = DEFAULT_ACTOR_NICE
+    unrolls_per_message: int = 8
     jit_compile: bool = False
     learner_precision: str = "float32"
     replay_ratio: float = 0.0
@@ -145,6 +146,9 @@ class RunConfig:
             )
         if not 0 <= self.actor_nice <= 19:
             raise ConfigError(f"actor-nice must be between 0 and 19, got {self.actor_nice}.")
+        if isinstance(self.unrolls_per_message, bool) or not isinstance(self.unrolls_per_message, int) \
+                or self.unrolls_per_message < 1:
+            raise ConfigError(f"unrolls-per-message must be a whole number of at least 1, got {self.unrolls_per_message!r}.")
         object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
         object.__setattr__(self, "network", dict(self.network))
         object.__setattr__(self, "loss", dict(self.loss))

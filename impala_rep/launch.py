@@ -218,7 +218,7 @@ def main(argv=None) -> int:
         return 2
     supervisor = ActorSupervisor(
         actor_process_commands(trainer.server.address, plan.envs_per_process, config.seed, nice=config.actor_nice,
-                               tls_ca=config.tls_cert),
+                               tls_ca=config.tls_cert, unrolls_per_message=config.unrolls_per_message),
         log_dir=os.path.join(config.logdir, "actors"),
         max_restarts=config.max_actor_restarts,
         env=actor_environment(config.token),

@@ -6,9 +6,12 @@ blocks it reads no further messages from its stream, so gRPC flow control stops 
 (its sends block once the HTTP/2 window, 64 KiB to a few MiB, is full). Memory held by the
 learner's transport is therefore bounded by
 
-    (capacity + max_streams) * max_message_bytes   (+ gRPC's per-stream receive windows)
+    capacity * max_message_bytes + 2 * max_streams * max_batch_bytes   (+ gRPC's receive windows)
 
-— the queue, plus one decoded unroll per stream handler waiting to enter it.
+— the queue, plus per stream handler the message waiting to enter it (one unroll, or an
+``UnrollBatch`` of several) and the batch whose unrolls are being taken from the queue's head
+(a queued unroll is a view on its message's bytes, so the message lives until its last
+unroll leaves; every byte of an accepted batch belongs to a valid unroll).
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ Service ``impala_rep.transport.Learner`` (``impala_rep/proto/transport.proto``):
   call with ``INVALID_ARGUMENT`` and a sentence, is counted per reason, and touches nothing
   else. A full queue blocks the handler, which stops reading the stream: gRPC flow control
   then slows that actor.
+* ``StreamUnrollBatches``: the same with several unrolls per message (``UnrollBatch``, at
+  most ``max_batch_bytes``, announced in the handshake; 0 turns it off). A batch's unrolls
+  are all validated before any is queued. gRPC costs less CPU per byte on fewer, larger
+  messages (``docs/BENCHMARKS.md``, twenty-fifth session), so actors send these by default.
 * ``GetParameters``: the newest parameters from :class:`learner.params.ParameterStore`
   (serialised once per version), or only the version when the caller has it.
 
@@ -46,7 +50,7 @@ import grpc
 
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec
-from impala_rep.wire import spec_to_proto
+from impala_rep.wire import WireError, spec_to_proto, split_unroll_batch
 from learner.params import ParameterStore
 from learner.queue import QueueClosed, UnrollQueue
 from learner.validation import REJECT_REASONS, UnrollRejected, UnrollValidator
@@ -151,8 +155,12 @@ class LearnerServer:
       token: shared secret every call must carry in metadata ``x-impala-token``.
       tls_cert_file, tls_key_file: PEM files; both or neither. With them the port speaks TLS.
       max_message_bytes: largest accepted ``Unroll`` (default: 2x the spec's bytes + 64 KiB).
-        gRPC itself refuses messages above twice this size (RESOURCE_EXHAUSTED) before they
-        are read into memory; between the two limits the validator answers INVALID_ARGUMENT.
+        gRPC itself refuses messages above ``max_receive_bytes`` (twice the larger of this and
+        ``max_batch_bytes``: RESOURCE_EXHAUSTED) before they are read into memory; between the
+        limits the validator answers INVALID_ARGUMENT.
+      max_batch_bytes: largest accepted ``UnrollBatch`` (default 8x ``max_message_bytes``; each
+        of its unrolls is also held to ``max_message_bytes``); 0 serves no
+        ``StreamUnrollBatches``, and actors then send one unroll per message.
       max_streams: concurrent unroll streams served; more are refused with RESOURCE_EXHAUSTED
         (clients back off and retry). The thread pool has ``max_streams + 8`` threads so
         handshakes and parameter fetches are never starved by streams.
@@ -174,10 +182,21 @@ class LearnerServer:
         tls_cert_file: Optional[str] = None,
         tls_key_file: Optional[str] = None,
         max_message_bytes: Optional[int] = None,
+        max_batch_bytes: Optional[int] = None,
         max_streams: int = 64,
         grpc_options: Sequence[Tuple[str, Any]] = (),
     ):
         self.validator = UnrollValidator(unroll_spec, unroll_length, max_message_bytes)
+        one = self.validator.max_message_bytes
+        self.max_batch_bytes = 8 * one if max_batch_bytes is None else int(max_batch_bytes)
+        if self.max_batch_bytes and self.max_batch_bytes < one + 16:
+            raise ValueError(
+                f"max_batch_bytes {self.max_batch_bytes} cannot hold one unroll of up to {one} bytes; "
+                f"use at least {one + 16}, or 0 to serve no unroll batches."
+            )
+        # gRPC refuses larger messages (RESOURCE_EXHAUSTED) before reading them; up to this
+        # size the validator answers with a sentence (INVALID_ARGUMENT).
+        self.max_receive_bytes = 2 * max(one, self.max_batch_bytes)
         self.unroll_spec = self.validator.unroll_spec
         self.unroll_length = self.validator.unroll_length
         self.frame_stack = {str(k): int(v) for k, v in (frame_stack or {}).items()}
@@ -234,7 +253,7 @@ class LearnerServer:
             _log.warning("serving on %s without a token: anyone who reaches the port can send unrolls.", self.host)
         workers = self.max_streams + 8
         options = [
-            ("grpc.max_receive_message_length", 2 * self.validator.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_receive_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
             # No BDP probing: otherwise HTTP/2 receive windows grow to many MiB per stream on
@@ -267,6 +286,12 @@ class LearnerServer:
                 response_serializer=_identity,
             ),
         }
+        if self.max_batch_bytes:
+            handlers["StreamUnrollBatches"] = grpc.stream_unary_rpc_method_handler(
+                self._handle_batch_stream,
+                request_deserializer=_identity,
+                response_serializer=transport_pb2.StreamSummary.SerializeToString,
+            )
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         target = f"{self.host}:{self._requested_port}"
         why = "is the port in use, or the host not an interface of this machine?"
@@ -314,6 +339,7 @@ class LearnerServer:
             unroll_length=self.unroll_length,
             max_message_bytes=self.validator.max_message_bytes,
             run_config=self.run_config,
+            max_batch_bytes=self.max_batch_bytes,
         )
         for spec in self.unroll_spec.values():
             spec_to_proto(spec, out=msg.unroll_spec.add())
@@ -353,6 +379,35 @@ class LearnerServer:
         return payload
 
     def _handle_stream(self, request_iterator, context):
+        return self._serve_stream(request_iterator, context, batches=False)
+
+    def _handle_batch_stream(self, request_iterator, context):
+        return self._serve_stream(request_iterator, context, batches=True)
+
+    def _validate_batch(self, raw: bytes) -> list:
+        """The validated unrolls of serialized ``UnrollBatch`` bytes; UnrollRejected for any fault."""
+        if len(raw) > self.max_batch_bytes:
+            raise UnrollRejected(
+                "oversized",
+                f"the batch is {len(raw)} bytes, more than the learner's limit of {self.max_batch_bytes} bytes.",
+            )
+        try:
+            ranges = split_unroll_batch(raw)
+        except WireError as e:
+            raise UnrollRejected(
+                "undecodable",
+                f"the message is not a valid UnrollBatch protobuf ({str(e).rstrip('.')}); "
+                "send transport_pb2.UnrollBatch bytes.",
+            ) from None
+        items = []
+        for i, (start, stop) in enumerate(ranges):
+            try:
+                items.append(self.validator.validate_bytes(raw, start, stop))
+            except UnrollRejected as e:
+                raise UnrollRejected(e.reason, f"unroll {i} of {len(ranges)} in the batch: {e}") from None
+        return items
+
+    def _serve_stream(self, request_iterator, context, batches: bool):
         self._check_token(context)
         with self._streams_lock:
             if self._streams >= self.max_streams:
@@ -372,21 +427,25 @@ class LearnerServer:
         cancelled = lambda: self._stopping.is_set() or not context.is_active()  # noqa: E731
         try:
             for raw in request_iterator:
-                nbytes = len(raw)
                 try:
                     # Parsed in place: the queued arrays are views on these bytes (no copies).
-                    item = self.validator.validate_bytes(raw)
+                    if batches:
+                        items = self._validate_batch(raw)
+                    else:
+                        items = [self.validator.validate_bytes(raw)]
                 except UnrollRejected as e:
                     self.metrics.reject(e.reason)
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unroll rejected: {e}")
+                    what = "batch" if batches else "unroll"
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{what} rejected: {e}")
                 del raw
-                try:
-                    if not self.queue.put(item, cancelled=cancelled):
+                for item in items:
+                    try:
+                        if not self.queue.put(item, cancelled=cancelled):
+                            context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")
+                    except QueueClosed:
                         context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")
-                except QueueClosed:
-                    context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")
-                self.metrics.accept(nbytes)
-                accepted += 1
+                    self.metrics.accept(item.nbytes)
+                    accepted += 1
         finally:
             with self._streams_lock:
                 self._streams -= 1

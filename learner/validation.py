@@ -268,16 +268,18 @@ class UnrollValidator:
                 f"{self.max_message_bytes} bytes.",
             )
 
-    def validate_bytes(self, raw: bytes) -> ValidUnroll:
+    def validate_bytes(self, raw: bytes, start: int = 0, stop: Optional[int] = None) -> ValidUnroll:
         """Validates serialized ``Unroll`` bytes (the server's path); raises :class:`UnrollRejected`.
 
         Reads the message with :func:`impala_rep.wire.parse_unroll`: no protobuf objects and
-        no copies, the tensors of the result are read-only views on ``raw``.
+        no copies, the tensors of the result are read-only views on ``raw``. ``start`` and
+        ``stop`` validate the ``Unroll`` in ``raw[start:stop]`` (one of an ``UnrollBatch``).
         """
-        nbytes = len(raw)
+        stop = len(raw) if stop is None else stop
+        nbytes = stop - start
         self.check_size(nbytes)
         try:
-            parsed = parse_unroll(raw, self._layout)
+            parsed = parse_unroll(raw, self._layout, start, stop)
         except WireError as e:
             raise UnrollRejected(
                 "undecodable",

@@ -199,6 +199,28 @@ def test_lstm_core_state_travels_with_each_unroll():
             assert np.any(second.tensors[key] != 0.0)  # state carried into the next unroll
 
 
+def test_sink_many_gets_each_boundarys_unrolls_in_one_call_as_sink_gets_them_one_by_one():
+    T, E = 4, 3
+    actor, out, _, _, _ = make_actor("catch", E, T)
+    actor.run(max_steps=E * 3 * T)
+    env_list = [envs.make("catch", seed=i) for i in range(E)]
+    spec = env_spec_from_dm_env(env_list[0])
+    config = NetworkConfig()
+    calls = []
+    many = Actor(env_list, NumpyNetwork(config, spec.observations, spec.action), make_policy(spec.action, config),
+                 T, {}, sink_many=calls.append, seed=0)
+    many.run(max_steps=E * 3 * T)
+    assert [len(c) for c in calls] == [E] * (len(out) // E) and many.stats.unrolls == len(out)
+    flat = [u for c in calls for u in c]
+    for a, b in zip(flat, out):
+        assert sorted(a.tensors) == sorted(b.tensors)
+        np.testing.assert_array_equal(a.tensors["step_type"], b.tensors["step_type"])
+    with pytest.raises(ValueError, match="exactly one of sink and sink_many"):
+        Actor(env_list, None, None, T, {}, sink=print, sink_many=print)
+    with pytest.raises(ValueError, match="exactly one of sink and sink_many"):
+        Actor(env_list, None, None, T, {})
+
+
 def test_actor_rejects_bad_arguments():
     with pytest.raises(ValueError, match="desync_steps"):
         make_actor("catch", 1, 4, desync_steps=-1)

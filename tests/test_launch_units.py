@@ -30,6 +30,7 @@ def test_run_config_round_trips_and_hides_the_token():
         ({"port": 70000}, "port must be in 0..65535"),
         ({"actor_nice": 20}, "actor-nice must be between 0 and 19"),
         ({"actor_nice": -1}, "actor-nice must be between 0 and 19"),
+        ({"unrolls_per_message": 0}, "unrolls-per-message must be a whole number of at least 1, got 0"),
         ({"learner_precision": "float16"}, "learner-precision must be one of float32, bfloat16, got 'float16'"),
     ],
 )
@@ -290,6 +291,26 @@ def test_actor_nice_flag_is_checked(capsys):
     with pytest.raises(SystemExit):
         main(["--learner-address", "127.0.0.1:1", "--nice", "25"])
     assert "--nice must be between 0 and 19, got 25" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--learner-address", "127.0.0.1:1", "--unrolls-per-message", "0"])
+    assert "--unrolls-per-message must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_unrolls_per_message_reaches_the_actor_processes(capsys):
+    from actors.run import build_parser as actor_parser
+    from actors.supervisor import actor_process_commands
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    assert config_from_args(parser.parse_args(["--env", "catch"])).unrolls_per_message == 8
+    config = config_from_args(parser.parse_args(["--env", "catch", "--unrolls-per-message", "3"]))
+    assert config.unrolls_per_message == 3
+    commands = actor_process_commands("127.0.0.1:1", [2, 2], seed=0, unrolls_per_message=config.unrolls_per_message)
+    assert [actor_parser().parse_args(cmd[3:]).unrolls_per_message for cmd in commands] == [3, 3]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--env", "catch", "--unrolls-per-message", "0"])
+    assert "--unrolls-per-message" in capsys.readouterr().err
 
 
 def test_learner_threads_flag_takes_a_count_or_auto(capsys):

@@ -122,7 +122,8 @@ def test_each_malformed_unroll_is_rejected_while_a_good_client_keeps_streaming(s
 
 def test_message_above_the_grpc_limit_is_refused_without_harm(served):
     spec, server, drain, good = served
-    huge = b"\x0a" + b"\x00" * (2 * server.validator.max_message_bytes + 10)
+    assert server.max_receive_bytes == 2 * max(server.validator.max_message_bytes, server.max_batch_bytes)
+    huge = b"\x0a" + b"\x00" * (server.max_receive_bytes + 10)
     with pytest.raises(grpc.RpcError) as info:
         _raw_stream(server.address, [huge])
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n impala_rep/proto/transport.proto\x12\x14impala_rep.transport\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\'\n\x05\x42ound\x12\x0e\n\x06values\x18\x01 \x03(\x01\x12\x0e\n\x06scalar\x18\x02 \x01(\x08\"\xbc\x01\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12,\n\x07minimum\x18\x04 \x01(\x0b\x32\x1b.impala_rep.transport.Bound\x12,\n\x07maximum\x18\x05 \x01(\x0b\x32\x1b.impala_rep.transport.Bound\x12\x17\n\nnum_values\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\r\n\x0b_num_values\"$\n\x10HandshakeRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\"\xd9\x02\n\x11HandshakeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12\x35\n\x0bunroll_spec\x18\x03 \x03(\x0b\x32 .impala_rep.transport.TensorSpec\x12\x15\n\runroll_length\x18\x04 \x01(\x05\x12L\n\x0b\x66rame_stack\x18\x05 \x03(\x0b\x32\x37.impala_rep.transport.HandshakeResponse.FrameStackEntry\x12\x19\n\x11parameter_version\x18\x06 \x01(\x03\x12\x19\n\x11max_message_bytes\x18\x07 \x01(\x03\x12\x12\n\nrun_config\x18\x08 \x01(\t\x1a\x31\n\x0f\x46rameStackEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x93\x01\n\x06Unroll\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12-\n\x07tensors\x18\x03 \x03(\x0b\x32\x1c.impala_rep.transport.Tensor\x12\x17\n\x0f\x65pisode_returns\x18\x04 \x03(\x01\x12\x17\n\x0f\x65pisode_lengths\x18\x05 \x03(\x03\")\n\rStreamSummary\x12\x18\n\x10unrolls_accepted\x18\x01 \x01(\x03\",\n\x14GetParametersRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x03\"k\n\x15GetParametersResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x12\n\nup_to_date\x18\x02 \x01(\x08\x12-\n\x07tensors\x18\x03 \x03(\x0b\x32\x1c.impala_rep.transport.Tensor2\xa7\x02\n\x07Learner\x12\\\n\tHandshake\x12&.impala_rep.transport.HandshakeRequest\x1a\'.impala_rep.transport.HandshakeResponse\x12T\n\rStreamUnrolls\x12\x1c.impala_rep.transport.Unroll\x1a#.impala_rep.transport.StreamSummary(\x01\x12h\n\rGetParameters\x12*.impala_rep.transport.GetParametersRequest\x1a+.impala_rep.transport.GetParametersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n impala_rep/proto/transport.proto\x12\x14impala_rep.transport\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\'\n\x05\x42ound\x12\x0e\n\x06values\x18\x01 \x03(\x01\x12\x0e\n\x06scalar\x18\x02 \x01(\x08\"\xbc\x01\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12,\n\x07minimum\x18\x04 \x01(\x0b\x32\x1b.impala_rep.transport.Bound\x12,\n\x07maximum\x18\x05 \x01(\x0b\x32\x1b.impala_rep.transport.Bound\x12\x17\n\nnum_values\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\r\n\x0b_num_values\"$\n\x10HandshakeRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\"\xf2\x02\n\x11HandshakeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12\x35\n\x0bunroll_spec\x18\x03 \x03(\x0b\x32 .impala_rep.transport.TensorSpec\x12\x15\n\runroll_length\x18\x04 \x01(\x05\x12L\n\x0b\x66rame_stack\x18\x05 \x03(\x0b\x32\x37.impala_rep.transport.HandshakeResponse.FrameStackEntry\x12\x19\n\x11parameter_version\x18\x06 \x01(\x03\x12\x19\n\x11max_message_bytes\x18\x07 \x01(\x03\x12\x12\n\nrun_config\x18\x08 \x01(\t\x12\x17\n\x0fmax_batch_bytes\x18\t \x01(\x03\x1a\x31\n\x0f\x46rameStackEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x93\x01\n\x06Unroll\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12-\n\x07tensors\x18\x03 \x03(\x0b\x32\x1c.impala_rep.transport.Tensor\x12\x17\n\x0f\x65pisode_returns\x18\x04 \x03(\x01\x12\x17\n\x0f\x65pisode_lengths\x18\x05 \x03(\x03\"<\n\x0bUnrollBatch\x12-\n\x07unrolls\x18\x01 \x03(\x0b\x32\x1c.impala_rep.transport.Unroll\")\n\rStreamSummary\x12\x18\n\x10unrolls_accepted\x18\x01 \x01(\x03\",\n\x14GetParametersRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x03\"k\n\x15GetParametersResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x12\n\nup_to_date\x18\x02 \x01(\x08\x12-\n\x07tensors\x18\x03 \x03(\x0b\x32\x1c.impala_rep.transport.Tensor2\x88\x03\n\x07Learner\x12\\\n\tHandshake\x12&.impala_rep.transport.HandshakeRequest\x1a\'.impala_rep.transport.HandshakeResponse\x12T\n\rStreamUnrolls\x12\x1c.impala_rep.transport.Unroll\x1a#.impala_rep.transport.StreamSummary(\x01\x12_\n\x13StreamUnrollBatches\x12!.impala_rep.transport.UnrollBatch\x1a#.impala_rep.transport.StreamSummary(\x01\x12h\n\rGetParameters\x12*.impala_rep.transport.GetParametersRequest\x1a+.impala_rep.transport.GetParametersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,17 +42,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HANDSHAKEREQUEST']._serialized_start=358
   _globals['_HANDSHAKEREQUEST']._serialized_end=394
   _globals['_HANDSHAKERESPONSE']._serialized_start=397
-  _globals['_HANDSHAKERESPONSE']._serialized_end=742
-  _globals['_HANDSHAKERESPONSE_FRAMESTACKENTRY']._serialized_start=693
-  _globals['_HANDSHAKERESPONSE_FRAMESTACKENTRY']._serialized_end=742
-  _globals['_UNROLL']._serialized_start=745
-  _globals['_UNROLL']._serialized_end=892
-  _globals['_STREAMSUMMARY']._serialized_start=894
-  _globals['_STREAMSUMMARY']._serialized_end=935
-  _globals['_GETPARAMETERSREQUEST']._serialized_start=937
-  _globals['_GETPARAMETERSREQUEST']._serialized_end=981
-  _globals['_GETPARAMETERSRESPONSE']._serialized_start=983
-  _globals['_GETPARAMETERSRESPONSE']._serialized_end=1090
-  _globals['_LEARNER']._serialized_start=1093
-  _globals['_LEARNER']._serialized_end=1388
+  _globals['_HANDSHAKERESPONSE']._serialized_end=767
+  _globals['_HANDSHAKERESPONSE_FRAMESTACKENTRY']._serialized_start=718
+  _globals['_HANDSHAKERESPONSE_FRAMESTACKENTRY']._serialized_end=767
+  _globals['_UNROLL']._serialized_start=770
+  _globals['_UNROLL']._serialized_end=917
+  _globals['_UNROLLBATCH']._serialized_start=919
+  _globals['_UNROLLBATCH']._serialized_end=979
+  _globals['_STREAMSUMMARY']._serialized_start=981
+  _globals['_STREAMSUMMARY']._serialized_end=1022
+  _globals['_GETPARAMETERSREQUEST']._serialized_start=1024
+  _globals['_GETPARAMETERSREQUEST']._serialized_end=1068
+  _globals['_GETPARAMETERSRESPONSE']._serialized_start=1070
+  _globals['_GETPARAMETERSRESPONSE']._serialized_end=1177
+  _globals['_LEARNER']._serialized_start=1180
+  _globals['_LEARNER']._serialized_end=1572
 # @@protoc_insertion_point(module_scope)

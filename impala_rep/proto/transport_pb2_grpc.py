@@ -46,6 +46,11 @@ class LearnerStub:
                 request_serializer=impala__rep_dot_proto_dot_transport__pb2.Unroll.SerializeToString,
                 response_deserializer=impala__rep_dot_proto_dot_transport__pb2.StreamSummary.FromString,
                 _registered_method=True)
+        self.StreamUnrollBatches = channel.stream_unary(
+                '/impala_rep.transport.Learner/StreamUnrollBatches',
+                request_serializer=impala__rep_dot_proto_dot_transport__pb2.UnrollBatch.SerializeToString,
+                response_deserializer=impala__rep_dot_proto_dot_transport__pb2.StreamSummary.FromString,
+                _registered_method=True)
         self.GetParameters = channel.unary_unary(
                 '/impala_rep.transport.Learner/GetParameters',
                 request_serializer=impala__rep_dot_proto_dot_transport__pb2.GetParametersRequest.SerializeToString,
@@ -75,6 +80,15 @@ class LearnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamUnrollBatches(self, request_iterator, context):
+        """StreamUnrolls with several unrolls per message. All of a batch's unrolls are validated
+        before any is queued: an invalid one refuses the whole batch (INVALID_ARGUMENT, naming
+        the unroll), and the summary counts unrolls, not batches.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetParameters(self, request, context):
         """The newest parameters, or only the version when the caller already has them.
         """
@@ -93,6 +107,11 @@ def add_LearnerServicer_to_server(servicer, server):
             'StreamUnrolls': grpc.stream_unary_rpc_method_handler(
                     servicer.StreamUnrolls,
                     request_deserializer=impala__rep_dot_proto_dot_transport__pb2.Unroll.FromString,
+                    response_serializer=impala__rep_dot_proto_dot_transport__pb2.StreamSummary.SerializeToString,
+            ),
+            'StreamUnrollBatches': grpc.stream_unary_rpc_method_handler(
+                    servicer.StreamUnrollBatches,
+                    request_deserializer=impala__rep_dot_proto_dot_transport__pb2.UnrollBatch.FromString,
                     response_serializer=impala__rep_dot_proto_dot_transport__pb2.StreamSummary.SerializeToString,
             ),
             'GetParameters': grpc.unary_unary_rpc_method_handler(
@@ -156,6 +175,33 @@ class Learner:
             target,
             '/impala_rep.transport.Learner/StreamUnrolls',
             impala__rep_dot_proto_dot_transport__pb2.Unroll.SerializeToString,
+            impala__rep_dot_proto_dot_transport__pb2.StreamSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamUnrollBatches(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/impala_rep.transport.Learner/StreamUnrollBatches',
+            impala__rep_dot_proto_dot_transport__pb2.UnrollBatch.SerializeToString,
             impala__rep_dot_proto_dot_transport__pb2.StreamSummary.FromString,
             options,
             channel_credentials,
