@@ -240,20 +240,18 @@ class Actor:
             for name, value in self._core_state.items():
                 tensors[f"core_state/{name}"] = np.ascontiguousarray(value[i])
             finished, self._finished[i] = self._finished[i], []
-            unroll = UnrollBatch(
+            out.append(UnrollBatch(
                 tensors=tensors,
                 policy_version=self.policy_version,
                 episode_returns=[r for r, _ in finished],
                 episode_lengths=[n for _, n in finished],
-            )
-            if self._sink_many is not None:
-                out.append(unroll)
-            else:
-                self._sink(unroll)
-                self.stats.unrolls += 1
-        if out:
+            ))
+        if self._sink_many is not None:
             self._sink_many(out)
-            self.stats.unrolls += len(out)
+        else:
+            for unroll in out:
+                self._sink(unroll)
+        self.stats.unrolls += len(out)
         # The last step opens the next unroll, with the prefix and core state recorded
         # before it was taken.
         self._steps = [steps[-1]]

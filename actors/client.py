@@ -47,7 +47,7 @@ import numpy as np
 
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec
-from impala_rep.wire import decode_tensors, encode_unroll_batch, encode_unroll_bytes, encode_unroll_parts, spec_from_proto
+from impala_rep.wire import UnrollParts, decode_tensors, encode_unroll_batch, encode_unroll_parts, spec_from_proto
 
 __all__ = [
     "TOKEN_METADATA_KEY",
@@ -287,15 +287,8 @@ class LearnerClient:
             return
         groups: List[list] = []
         size = 0
-        for tensors, version, returns, lengths in unrolls:
-            if self._validate:
-                self._check_unroll(hs, tensors)
-            parts = encode_unroll_parts(self.actor_id, version, tensors, returns, lengths)
-            if self._validate and parts.nbytes > hs.max_message_bytes:
-                raise ValueError(
-                    f"the unroll encodes to {parts.nbytes} bytes, more than the learner's limit of "
-                    f"{hs.max_message_bytes} bytes."
-                )
+        for item in unrolls:
+            parts = self._encode_parts(*item)
             need = parts.nbytes + 11  # the field's tag and length: at most 11 bytes
             if not groups or len(groups[-1]) >= self.unrolls_per_message or size + need > hs.max_batch_bytes:
                 groups.append([])
@@ -327,16 +320,26 @@ class LearnerClient:
         episode_lengths: Sequence[int] = (),
     ) -> bytes:
         """The serialized ``Unroll`` message ``send`` would queue."""
+        return b"".join(self._encode_parts(unroll, policy_version, episode_returns, episode_lengths).parts)
+
+    def _encode_parts(
+        self,
+        unroll: Mapping[str, np.ndarray],
+        policy_version: int,
+        episode_returns: Sequence[float] = (),
+        episode_lengths: Sequence[int] = (),
+    ) -> UnrollParts:
+        """The unroll's ``Unroll`` pieces, checked against the handshake when ``validate``."""
         if self._validate:
             hs = self._handshake or self._do_handshake()
             self._check_unroll(hs, unroll)
-        payload = encode_unroll_bytes(self.actor_id, policy_version, unroll, episode_returns, episode_lengths)
-        if self._validate and len(payload) > self._handshake.max_message_bytes:
+        parts = encode_unroll_parts(self.actor_id, policy_version, unroll, episode_returns, episode_lengths)
+        if self._validate and parts.nbytes > self._handshake.max_message_bytes:
             raise ValueError(
-                f"the unroll encodes to {len(payload)} bytes, more than the learner's limit of "
+                f"the unroll encodes to {parts.nbytes} bytes, more than the learner's limit of "
                 f"{self._handshake.max_message_bytes} bytes."
             )
-        return payload
+        return parts
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Waits until every queued unroll has been handed to gRPC; False on timeout."""

@@ -213,7 +213,7 @@ def encode_unroll_parts(
     lengths = b"".join(_varint(int(n)) for n in episode_lengths)
     if lengths:
         parts += [_len_field(0x2A, len(lengths)), lengths]
-    return UnrollParts(parts, sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts))
+    return UnrollParts(parts, sum(len(p) for p in parts))  # the views are flat bytes ("B")
 
 
 def encode_unroll_batch(unrolls: Iterable[UnrollParts]) -> bytes:

@@ -13,9 +13,7 @@ from impala_rep.wire import (
     WireError, encode_unroll_batch, encode_unroll_bytes, encode_unroll_parts, parse_unroll, split_unroll_batch,
 )
 
-from test_transport_helpers import Drain, make_unroll, small_spec, start_server, wait_for
-
-BATCH_METHOD = "/impala_rep.transport.Learner/StreamUnrollBatches"
+from test_transport_helpers import Drain, make_unroll, raw_stream, small_spec, start_server, wait_for
 
 
 def _unroll_args(spec, rng, tag):
@@ -65,13 +63,7 @@ def test_parse_unroll_refuses_a_range_outside_the_buffer():
 
 
 def _raw_batch_stream(address, payloads):
-    channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1)])
-    call = channel.stream_unary(BATCH_METHOD, request_serializer=lambda b: b,
-                                response_deserializer=transport_pb2.StreamSummary.FromString)
-    try:
-        return call(iter(payloads), timeout=20)
-    finally:
-        channel.close()
+    return raw_stream(address, payloads, method="StreamUnrollBatches")
 
 
 def test_a_batch_with_one_bad_unroll_queues_none_of_them():

@@ -6,8 +6,10 @@ import threading
 import time
 from typing import Callable, Dict, List
 
+import grpc
 import numpy as np
 
+from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec, EnvSpec, unroll_spec
 from learner.params import ParameterStore
 from learner.queue import QueueClosed, UnrollQueue
@@ -83,6 +85,18 @@ class Drain:
     def stop(self):
         self._stop.set()
         self._thread.join(5)
+
+
+def raw_stream(address: str, payloads, method: str = "StreamUnrolls", token=None):
+    """Sends already-serialized messages on one client stream of ``method``; the StreamSummary."""
+    channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1)])
+    call = channel.stream_unary(f"/impala_rep.transport.Learner/{method}", request_serializer=lambda b: b,
+                                response_deserializer=transport_pb2.StreamSummary.FromString)
+    try:
+        metadata = (("x-impala-token", token),) if token is not None else ()
+        return call(iter(payloads), metadata=metadata, timeout=20)
+    finally:
+        channel.close()
 
 
 def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:

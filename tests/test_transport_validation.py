@@ -13,10 +13,9 @@ from impala_rep.specs import validate_array
 from impala_rep.wire import encode_tensor
 from learner.validation import UnrollRejected, UnrollValidator
 
-from test_transport_helpers import T, Drain, make_unroll, small_spec, start_server, wait_for
+from test_transport_helpers import T, Drain, make_unroll, raw_stream, small_spec, start_server, wait_for
 
 TOKEN = "s3cret-token"
-METHOD = "/impala_rep.transport.Learner/StreamUnrolls"
 
 
 def _payload(unroll, version=1, returns=(), lengths=(), actor_id="bad"):
@@ -86,14 +85,7 @@ def served():
 
 
 def _raw_stream(address, payloads, token=TOKEN):
-    channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1)])
-    call = channel.stream_unary(METHOD, request_serializer=lambda b: b,
-                                response_deserializer=transport_pb2.StreamSummary.FromString)
-    try:
-        metadata = (("x-impala-token", token),) if token is not None else ()
-        return call(iter(payloads), metadata=metadata, timeout=20)
-    finally:
-        channel.close()
+    return raw_stream(address, payloads, token=token)
 
 
 def test_each_malformed_unroll_is_rejected_while_a_good_client_keeps_streaming(served):
