@@ -116,9 +116,29 @@ def _pixel_batch(t, b, k, seed):
     }
 
 
+def _glorot_params(like, seed):
+    """Parameters shaped as ``like``, drawn as Keras's Glorot-uniform default draws them
+    (biases zero) from a NumPy generator: the same on every run and in every test order."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, value in sorted(like.items()):
+        if value.ndim >= 2:
+            field = int(np.prod(value.shape[:-2]))
+            limit = np.sqrt(6.0 / (field * (value.shape[-2] + value.shape[-1])))
+            out[name] = rng.uniform(-limit, limit, value.shape).astype(np.float32)
+        else:
+            out[name] = np.zeros(value.shape, np.float32)
+    return out
+
+
 def test_bfloat16_learner_step_updates_float32_parameters_like_the_float32_step():
     """Two replicas of the launcher's learner (single frames stacked in the graph): the
-    bfloat16 step's parameters are float32 and move as the float32 step's do."""
+    bfloat16 step's parameters are float32 and move as the float32 step's do.
+
+    The first RMSProp update is about the sign of each gradient, so the cosine depends on
+    how many small gradients bfloat16 flips, which depends on the initial parameters: over
+    24 Glorot draws it was 0.9918-0.9999 but one in 0.9681 (and an unseeded CI run saw
+    0.9716). The parameters are therefore drawn from a fixed NumPy seed (0.9999 here)."""
     k, t, b = 3, 3, 4
     obs = {"pixels": ArraySpec("pixels", (36, 36, 3 * k), "uint8")}
     action = ArraySpec("action", (1,), "float32", minimum=-1.0, maximum=1.0)
@@ -130,7 +150,7 @@ def test_bfloat16_learner_step_updates_float32_parameters_like_the_float32_step(
         learner = LearnerStep.from_config(make_replicator("cpu", num_replicas=2), config, obs, action, t, b,
                                           frame_stack={"pixels": k}, compute_dtype=dtype)
         if initial is None:
-            initial = learner.get_params()[1]
+            initial = _glorot_params(learner.get_params()[1], seed=0)
         learner.set_params(initial)
         metrics = learner.train(batch)
         assert np.isfinite(float(metrics["loss"])), dtype
