@@ -652,6 +652,8 @@ def measure_end_to_end(workload: Workload, args, between: Optional[Callable[[int
         launch_args += ["--actor-processes", str(args.actor_processes)]
     if args.learner_threads != "auto":
         launch_args += ["--learner-threads", str(args.learner_threads)]
+    if args.replicas:
+        launch_args += ["--replicas", str(args.replicas)]
     result = run_launch_window(launch_args, args, between, launch)
     result.update(actors=args.actors, actor_processes=args.actor_processes or "launcher's choice")
     return result
@@ -865,6 +867,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--learner-threads", type=parse_learner_threads, default="auto", metavar="N|auto",
                         help="the launcher's --learner-threads in the end-to-end run (default auto: sized from the "
                              "probed env and policy costs)")
+    parser.add_argument("--replicas", type=int, default=None,
+                        help="the launcher's --replicas in the end-to-end run: CPU replicas the learner's threads "
+                             f"share (default: one per learner thread); must divide the batch, {BATCH_SIZE}. The "
+                             "learner piece stays one replica on one core")
     parser.add_argument("--learner-precision", choices=LEARNER_PRECISIONS, default="float32",
                         help="what the learner network computes in, in the learner piece and the end-to-end run "
                              "(the launcher's --learner-precision; default float32)")
@@ -900,6 +906,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--actors must be at least 1, got {args.actors}.")
     if args.actor_processes is not None and not 1 <= args.actor_processes <= args.actors:
         parser.error(f"--actor-processes must be between 1 and --actors ({args.actors}), got {args.actor_processes}.")
+    if args.replicas is not None and (args.replicas < 1 or BATCH_SIZE % args.replicas):
+        parser.error(f"--replicas must be a positive divisor of the batch size {BATCH_SIZE}, got {args.replicas}.")
     if args.slices < 1:
         parser.error(f"--slices must be at least 1, got {args.slices}.")
     if args.rounds is not None and args.rounds < 1:

@@ -152,6 +152,8 @@ def test_read_metrics_skips_a_half_written_line(tmp_path):
         (["--rounds", "3"], "--rounds is for --parts ceiling alone"),
         (["--slices", "0"], "--slices must be at least 1"),
         (["--learner-threads", "none"], "expected a positive number of threads or 'auto'"),
+        (["--replicas", "3"], "--replicas must be a positive divisor of the batch size 32, got 3"),
+        (["--replicas", "0"], "--replicas must be a positive divisor of the batch size 32, got 0"),
     ],
 )
 def test_benchmark_flag_errors_are_sentences(argv, message, capsys):
@@ -189,6 +191,17 @@ def test_benchmark_learner_precision_reaches_the_learner_piece_and_the_launcher(
     with pytest.raises(SystemExit):
         bench.parse_args(["--learner-precision", "float16"])
     assert "invalid choice: 'float16'" in capsys.readouterr().err
+
+
+def test_benchmark_replicas_reach_the_launcher_and_not_the_learner_piece(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench, "run_launch_window", lambda launch_args, *rest: seen.append(launch_args) or {})
+    bench.measure_end_to_end(bench.WORKLOADS["synthetic"], bench.parse_args(["--replicas", "4"]))
+    bench.measure_end_to_end(bench.WORKLOADS["synthetic"], bench.parse_args([]))
+    assert seen[0][seen[0].index("--replicas") + 1] == "4"
+    assert "--replicas" not in seen[1]  # the launcher's default: one per learner thread
+    piece = bench.learner_command(5, 60, [84, 84, 3], 3, 1)
+    assert piece[piece.index("--replicas") + 1] == "1"
 
 
 def test_planned_batch_reads_the_launchers_last_plan_line(tmp_path):
