@@ -45,6 +45,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import grpc
 import numpy as np
 
+from impala_rep.config import DEFAULT_UNROLLS_PER_MESSAGE
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec
 from impala_rep.wire import UnrollParts, decode_tensors, encode_unroll_batch, encode_unroll_parts, spec_from_proto
@@ -159,7 +160,7 @@ class LearnerClient:
         *,
         actor_id: str = "actor",
         outbox_size: int = 4,
-        unrolls_per_message: int = 8,
+        unrolls_per_message: int = DEFAULT_UNROLLS_PER_MESSAGE,
         validate: bool = True,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 10.0,

@@ -9,6 +9,7 @@ Never imports TensorFlow.
 
 import os
 
+from impala_rep.config import DEFAULT_UNROLLS_PER_MESSAGE  # the standard library only
 from impala_rep.plan import ACTOR_THREAD_ENV  # TensorFlow- and NumPy-free
 
 # Entry point: one BLAS/OpenMP thread per actor process and llvmpipe rendering in the
@@ -187,8 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--give-up-after", type=float, default=300.0,
                         help="seconds without the learner before exiting (default 300; inf: never)")
     parser.add_argument("--max-actor-restarts", type=int, default=10)
-    parser.add_argument("--unrolls-per-message", type=int, default=8,
-                        help="unrolls packed into one gRPC message (default 8; 1: one per message)")
+    parser.add_argument("--unrolls-per-message", type=int, default=DEFAULT_UNROLLS_PER_MESSAGE,
+                        help=f"unrolls packed into one gRPC message (default {DEFAULT_UNROLLS_PER_MESSAGE}; "
+                             "1: one per message)")
     parser.add_argument("--nice", type=int, default=0,
                         help="lower the actor processes' CPU priority by this much, 0-19, so that a learner on "
                              "the same machine gets the CPU first (default 0; the launcher passes 10)")

@@ -12,10 +12,13 @@ import json
 import math
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "NEVER_KEYS", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
+__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "DEFAULT_UNROLLS_PER_MESSAGE", "NEVER_KEYS", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
 
 # What actor processes give up in CPU priority unless told (the launcher may choose 0).
 DEFAULT_ACTOR_NICE = 10
+# Unrolls an actor process packs into one gRPC message unless told (docs/BENCHMARKS.md,
+# twenty-fifth session: fewer, larger messages cost gRPC less CPU per byte).
+DEFAULT_UNROLLS_PER_MESSAGE = 8
 # Intervals that may be infinite (never); config.json writes them as null.
 NEVER_KEYS = ("checkpoint_interval_s", "log_interval_s")
 
@@ -84,7 +87,7 @@ class RunConfig:
     log_interval_s: float = 5.0
     max_actor_restarts: int = 10
     actor_nice: int = DEFAULT_ACTOR_NICE
-    unrolls_per_message: int = 8
+    unrolls_per_message: int = DEFAULT_UNROLLS_PER_MESSAGE
     jit_compile: bool = False
     learner_precision: str = "float32"
     replay_ratio: float = 0.0

@@ -7,7 +7,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional
 
-from impala_rep.config import DEFAULT_ACTOR_NICE, LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
+from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_UNROLLS_PER_MESSAGE, LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "nonnegative_float", "int_at_least", "UsageError"]
 
@@ -181,8 +181,9 @@ def add_actor_flags(parser: argparse.ArgumentParser) -> None:
                    help="CPU priority the actor processes give up, 0-19, so the learner sharing their cores runs "
                         "first (default 10, or 0 when a CPU learner's threads fill every core: niced actors would "
                         "then run only while the learner waits; 0 keeps them equal)")
-    g.add_argument("--unrolls-per-message", type=_positive_int, default=8,
-                   help="unrolls an actor process packs into one gRPC message (default 8; 1: one per message): "
+    g.add_argument("--unrolls-per-message", type=_positive_int, default=DEFAULT_UNROLLS_PER_MESSAGE,
+                   help="unrolls an actor process packs into one gRPC message "
+                        f"(default {DEFAULT_UNROLLS_PER_MESSAGE}; 1: one per message): "
                         "fewer, larger messages cost gRPC less CPU per byte")
 
 
@@ -302,7 +303,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         log_interval_s=args.log_interval,
         max_actor_restarts=getattr(args, "max_actor_restarts", 10),
         actor_nice=DEFAULT_ACTOR_NICE if getattr(args, "actor_nice", None) is None else args.actor_nice,
-        unrolls_per_message=getattr(args, "unrolls_per_message", 8),
+        unrolls_per_message=getattr(args, "unrolls_per_message", DEFAULT_UNROLLS_PER_MESSAGE),
         jit_compile=args.jit,
         learner_precision=args.learner_precision,
         replay_ratio=args.replay_ratio,
