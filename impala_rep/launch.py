@@ -18,7 +18,7 @@ from typing import Optional
 
 from impala_rep.plan import actor_process_env
 
-__all__ = ["main", "build_parser", "choose_actor_processes", "choose_learner_threads", "cpu_replicas"]
+__all__ = ["main", "build_parser", "choose_actor_nice", "choose_actor_processes", "choose_learner_threads", "cpu_replicas", "fill_actor_processes"]
 
 log = logging.getLogger("impala_rep.launch")
 
@@ -94,21 +94,49 @@ def choose_actor_processes(config, cores: int, costs, planned: int, by_cost: boo
     return processes, f"the cores the learner's share of the work leaves, rounded up, are {processes}"
 
 
+# The actors' nice value under a CPU learner whose threads fill every core (see choose_actor_nice).
+FILL_NICE = 19
+
+
 def choose_actor_nice(requested: Optional[int], learner: str, threads: int, cores: int) -> tuple:
-    """The actor processes' nice value and why: ``--actor-nice`` if given; else 0 when the
-    learner computes on these cores (``learner`` cpu or auto) with a thread for every core,
-    since niced actors would then run only while the learner waits for their unrolls (measured
-    on a 2-core host whose learner took 2 threads: 2,195 agent steps/s niced, 2,870 not;
-    docs/BENCHMARKS.md, twentieth session); else :data:`DEFAULT_ACTOR_NICE`, so that the
-    learner runs first on the cores it shares with the actors."""
+    """The actor processes' nice value and why: ``--actor-nice`` if given; else, when the learner
+    computes on these cores (``learner`` cpu or auto) with a thread for every core,
+    :data:`FILL_NICE`, so that the actors run in the learner's gaps (its replicas waiting for
+    each other, its Python between steps) and, when it waits for unrolls, on every core (with
+    one actor process per core: :func:`fill_actor_processes`); else :data:`DEFAULT_ACTOR_NICE`,
+    so that the learner runs first on the cores it shares with the actors.
+
+    Measured (docs/BENCHMARKS.md): niced actors in *one* process starve such a learner (the
+    twentieth session: 2,195 agent steps/s niced, 2,870 not, the learner waiting half the time
+    while one core idled); in one process per core, niced 19, they fill it (the twenty-seventh
+    session, synthetic on an AMD host: 1,506 against 1,411 agent steps/s for one process at
+    nice 0, five alternating pairs, and the machine busier).
+    """
     from impala_rep.config import DEFAULT_ACTOR_NICE
 
     if requested is not None:
         return requested, "--actor-nice"
-    if learner in ("cpu", "auto") and threads >= cores:
-        return 0, (f"the learner's {threads} threads fill the {cores} cores: niced actors would run only "
-                   "while it waits")
+    if learner_fills_cores(learner, threads, cores):
+        return FILL_NICE, (f"the learner's {threads} threads fill the {cores} cores: the actors run in its gaps "
+                           "and, while it waits for unrolls, on every core")
     return DEFAULT_ACTOR_NICE, "the learner runs first on the cores it shares with the actors"
+
+
+def learner_fills_cores(learner: str, threads: int, cores: int) -> bool:
+    """Whether the learner computes on this machine's cores with a thread for every one of them."""
+    return learner in ("cpu", "auto") and threads >= cores
+
+
+def fill_actor_processes(config, cores: int, processes: int, processes_why: str, filling: bool) -> tuple:
+    """Actor processes once the nice value is known: when the actors were niced to fill a learner
+    whose threads fill every core (``filling``: :func:`choose_actor_nice` chose :data:`FILL_NICE`
+    for them), one process per core (at most one per env), so that every core has an actor to
+    run while the learner waits for unrolls; ``--actor-processes`` still decides when given.
+    Else ``processes`` unchanged."""
+    wanted = min(cores, config.actors)
+    if config.actor_processes is not None or not filling or wanted <= processes:
+        return processes, processes_why
+    return wanted, "one per core: niced actors fill the cores the learner's threads leave idle"
 
 
 def has_actor_costs(costs) -> bool:
@@ -204,6 +232,14 @@ def main(argv=None) -> int:
     log.info("learner threads: %d (%s)", threads, why)
     nice, nice_why = choose_actor_nice(args.actor_nice, config.learner, threads, cores)
     log.info("actor nice: %d (%s)", nice, nice_why)
+    filling = args.actor_nice is None and learner_fills_cores(config.learner, threads, cores)
+    filled, filled_why = fill_actor_processes(config, cores, plan.processes, processes_why, filling)
+    if filled != plan.processes:
+        try:
+            plan = plan_actors(config.actors, config.env, config.env_kwargs, filled)
+            log.info("plan: %s (%s)", plan.describe(), filled_why)
+        except PlanError as exc:  # more processes than memory allows: keep the plan that fits
+            log.warning("keeping %d actor process(es): %s", plan.processes, exc)
     config = dataclasses.replace(config, actor_nice=nice)
     replicas, replicas_why = cpu_replicas(config, threads)
     if config.learner == "cpu":

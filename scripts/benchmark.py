@@ -437,20 +437,21 @@ def learner_input(inference: Mapping[str, Any]) -> Tuple[List[int], int, int]:
 
 
 def learner_command(seconds: float, timeout: float, obs_shape: Sequence[int], frame_stack: int,
-                    action_dims: int, precision: str = "float32") -> List[str]:
-    """The learner piece's command: scripts/bench_learner.py on one CPU replica and one thread."""
+                    action_dims: int, precision: str = "float32", batch_size: int = BATCH_SIZE) -> List[str]:
+    """The learner piece's command: scripts/bench_learner.py on one CPU replica and one thread,
+    at ``batch_size`` unrolls (the end-to-end learner's per-replica batch: :func:`replica_batch`)."""
     return [sys.executable, str(SCRIPTS / "bench_learner.py"), "--torso", NETWORK, "--replicas", "1", "--kind", "cpu",
             "--obs-shape", *[str(d) for d in obs_shape], "--frame-stack", str(frame_stack),
             "--action-dims", str(action_dims),
-            "--threads", "1", "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(BATCH_SIZE),
+            "--threads", "1", "--unroll-length", str(UNROLL_LENGTH), "--batch-size", str(batch_size),
             "--seconds", str(seconds), "--max-steps", "100000", "--warmup-seconds", str(max(2.0, seconds / 3)),
             "--timeout", str(timeout), "--precision", precision, "--json"]
 
 
 def measure_learner(seconds: float, timeout: float, obs_shape: Sequence[int], frame_stack: int,
-                    action_dims: int, precision: str = "float32") -> Dict[str, Any]:
+                    action_dims: int, precision: str = "float32", batch_size: int = BATCH_SIZE) -> Dict[str, Any]:
     """Learner frames/s on one CPU replica and one TensorFlow thread (scripts/bench_learner.py)."""
-    cmd = learner_command(seconds, timeout, obs_shape, frame_stack, action_dims, precision)
+    cmd = learner_command(seconds, timeout, obs_shape, frame_stack, action_dims, precision, batch_size)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=_env(), cwd=str(REPO))
     except subprocess.TimeoutExpired:
@@ -654,6 +655,8 @@ def measure_end_to_end(workload: Workload, args, between: Optional[Callable[[int
         launch_args += ["--learner-threads", str(args.learner_threads)]
     if args.replicas:
         launch_args += ["--replicas", str(args.replicas)]
+    if args.actor_nice is not None:
+        launch_args += ["--actor-nice", str(args.actor_nice)]
     result = run_launch_window(launch_args, args, between, launch)
     result.update(actors=args.actors, actor_processes=args.actor_processes or "launcher's choice")
     return result
@@ -871,6 +874,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the launcher's --replicas in the end-to-end run: CPU replicas the learner's threads "
                              f"share (default: one per learner thread); must divide the batch, {BATCH_SIZE}. The "
                              "learner piece stays one replica on one core")
+    parser.add_argument("--actor-nice", type=int, default=None, metavar="N",
+                        help="the launcher's --actor-nice in the end-to-end run, 0-19 (default: the launcher's choice)")
     parser.add_argument("--learner-precision", choices=LEARNER_PRECISIONS, default="float32",
                         help="what the learner network computes in, in the learner piece and the end-to-end run "
                              "(the launcher's --learner-precision; default float32)")
@@ -908,6 +913,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--actor-processes must be between 1 and --actors ({args.actors}), got {args.actor_processes}.")
     if args.replicas is not None and (args.replicas < 1 or BATCH_SIZE % args.replicas):
         parser.error(f"--replicas must be a positive divisor of the batch size {BATCH_SIZE}, got {args.replicas}.")
+    if args.actor_nice is not None and not 0 <= args.actor_nice <= 19:
+        parser.error(f"--actor-nice must be between 0 and 19, got {args.actor_nice}.")
     if args.slices < 1:
         parser.error(f"--slices must be at least 1, got {args.slices}.")
     if args.rounds is not None and args.rounds < 1:
@@ -935,18 +942,41 @@ def inference_batch(args, planned: Optional[int] = None) -> int:
     return envs_per_process(args.actors, processes)
 
 
-def planned_batch(log_path: Optional[Path]) -> Optional[int]:
-    """The most envs one actor process runs, from the last ``plan:`` line of a launcher's log
-    (``... in 1 process(es) (32 envs each) ...``; ``16/17 envs each`` gives 17); None without one."""
+def _last_log_match(log_path: Optional[Path], pattern: str) -> Optional["re.Match"]:
+    """The match of ``pattern`` in the last line of a launcher's log that has one; None
+    without a log or such a line."""
     try:
         lines = Path(log_path).read_text(errors="replace").splitlines() if log_path else []
     except OSError:
         return None
     for line in reversed(lines):
-        found = re.search(r"plan: .* process\(es\) \(([\d/]+) envs each\)", line)
+        found = re.search(pattern, line)
         if found:
-            return max(int(n) for n in found.group(1).split("/"))
+            return found
     return None
+
+
+def planned_batch(log_path: Optional[Path]) -> Optional[int]:
+    """The most envs one actor process runs, from the last ``plan:`` line of a launcher's log
+    (``... in 1 process(es) (32 envs each) ...``; ``16/17 envs each`` gives 17); None without one."""
+    found = _last_log_match(log_path, r"plan: .* process\(es\) \(([\d/]+) envs each\)")
+    return max(int(n) for n in found.group(1).split("/")) if found else None
+
+
+def planned_replicas(log_path: Optional[Path]) -> Optional[int]:
+    """The CPU learner's replicas, from the last ``learner replicas: N`` line of a launcher's
+    log; None without one."""
+    found = _last_log_match(log_path, r"learner replicas: (\d+)")
+    return int(found.group(1)) if found else None
+
+
+def replica_batch(args, planned: Optional[int] = None) -> int:
+    """Unrolls per replica of the end-to-end learner (what the learner piece trains on): the
+    batch over ``--replicas``, else over ``planned`` (the launcher's log, :func:`planned_replicas`),
+    else the whole batch. A replica's share of a step costs less per frame on a smaller batch
+    (caches), so a piece at the whole batch would understate what one core can learn from."""
+    replicas = args.replicas or planned or 1
+    return BATCH_SIZE // replicas if BATCH_SIZE % replicas == 0 else BATCH_SIZE
 
 
 def combine_rounds(rounds: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -966,9 +996,11 @@ def combine_rounds(rounds: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-def measure_pieces(workload: Workload, args, report, label: str = "", batch: Optional[int] = None) -> Dict[str, Dict[str, Any]]:
+def measure_pieces(workload: Workload, args, report, label: str = "", batch: Optional[int] = None,
+                   learner_batch: Optional[int] = None) -> Dict[str, Dict[str, Any]]:
     """One round of the three ceiling pieces, each in its own one-thread process (the policy at
-    ``batch``, by default :func:`inference_batch`)."""
+    ``batch``, by default :func:`inference_batch`; the learner at ``learner_batch`` unrolls, by
+    default :func:`replica_batch`)."""
     common = ["--workloads", workload.name, "--piece-seconds", str(args.piece_seconds)]
     out: Dict[str, Dict[str, Any]] = {}
     report(f"{workload.name}{label}: env steps/s on one core ...")
@@ -980,10 +1012,11 @@ def measure_pieces(workload: Workload, args, report, label: str = "", batch: Opt
         out["learner"] = {"error": "not measured: the learner piece takes its input shapes from the inference piece, which failed."}
     else:
         obs_shape, k, action_dims = learner_input(out["inference"])
+        learner_batch = learner_batch or replica_batch(args)
         report(f"{workload.name}{label}: learner frames/s on one core ({'x'.join(map(str, obs_shape))} frames, "
-               f"stacked {k} deep) ...")
+               f"stacked {k} deep, batches of {learner_batch}) ...")
         out["learner"] = measure_learner(args.piece_seconds, args.timeout, obs_shape, k, action_dims,
-                                         args.learner_precision)
+                                         args.learner_precision, learner_batch)
     return out
 
 
@@ -1041,7 +1074,9 @@ def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
         label = f", round {len(rounds) + 1} of {args.rounds}" if args.rounds > 1 else ""
         # The policy at the batch the launcher's actor processes run (it picks how many).
         batch = inference_batch(args, planned_batch(launch.get("log_path")))
-        rounds.append(measure_pieces(workload, args, report, label, batch))
+        # The learner at the batch each of the launcher's CPU replicas trains on.
+        learner_batch = replica_batch(args, planned_replicas(launch.get("log_path")))
+        rounds.append(measure_pieces(workload, args, report, label, batch, learner_batch))
 
     if "e2e" in args.parts:
         report(f"{workload.name}: end to end, {args.actors} actors, {args.warmup:.0f} s warm-up + {args.seconds:.0f} s"

@@ -220,13 +220,13 @@ def test_launcher_starts_actors_with_lowered_priority():
     assert all(cmd[cmd.index("--nice") + 1] == "10" for cmd in commands)
 
 
-def test_actors_keep_their_priority_when_the_learner_threads_fill_the_cores():
-    from impala_rep.launch import choose_actor_nice
+def test_actors_fill_the_gaps_of_a_learner_whose_threads_fill_the_cores():
+    from impala_rep.launch import FILL_NICE, choose_actor_nice
 
     assert choose_actor_nice(None, "cpu", 1, 2)[0] == 10  # the learner runs first on the core it shares
     nice, why = choose_actor_nice(None, "cpu", 2, 2)
-    assert nice == 0 and "fill the 2 cores" in why
-    assert choose_actor_nice(None, "auto", 4, 4)[0] == 0
+    assert nice == FILL_NICE == 19 and "fill the 2 cores" in why and "on every core" in why
+    assert choose_actor_nice(None, "auto", 4, 4)[0] == 19
     assert choose_actor_nice(None, "gpu", 2, 2)[0] == 10  # its threads only feed the GPU
     assert choose_actor_nice(7, "cpu", 2, 2) == (7, "--actor-nice")
     assert choose_actor_nice(0, "cpu", 1, 2) == (0, "--actor-nice")
@@ -369,21 +369,32 @@ def test_launcher_sizes_actor_processes_from_the_probed_costs():
     assert choose_actor_processes(config, 2, synthetic, planned=2, by_cost=True) == (2, "--actor-processes")
 
 
-def test_launcher_starts_the_actor_processes_the_costs_ask_for(monkeypatch, caplog):
-    """main re-plans with the count by cost: 32 envs in 1 process where one per core gives 2."""
+def _stub_launcher(monkeypatch, learner_seconds: float) -> list:
+    """Makes impala_rep.launch.main plan on 2 cores with synthetic-like probed costs (env 0, policy
+    0.14 ms, the learner step ``learner_seconds`` per agent step) and stop before starting any
+    process; returns the list the RunConfigs it would have trained with are appended to."""
     import learner.run
     from impala_rep import launch, plan, probe
 
-    # The synthetic workload's costs: the learner's share is 1.22 of 2 cores.
     def probe_env(env_id, env_kwargs, costs=None):
         return "spec", {"env": {"seconds_per_step": 0.0}, "policy": {"seconds_per_step": 1.4e-4}}
 
+    started = []
     monkeypatch.setattr(plan, "available_cores", lambda: 2)
     monkeypatch.setattr(probe, "probe_env", probe_env)
-    monkeypatch.setattr(launch, "time_learner", lambda config, spec, c: c.update(learner={"seconds_per_step": 2.2e-4}))
+    monkeypatch.setattr(launch, "time_learner",
+                        lambda config, spec, c: c.update(learner={"seconds_per_step": learner_seconds}))
     monkeypatch.setattr(learner.run, "configure_logging", lambda: None)
     monkeypatch.setattr(learner.run, "configure_threads", lambda threads, replicas: None)
-    monkeypatch.setattr(learner.run, "start_trainer", lambda config, spec: (None, None))  # stop before any process
+    monkeypatch.setattr(learner.run, "start_trainer", lambda config, spec: (started.append(config), (None, None))[1])
+    return started
+
+
+def test_launcher_starts_the_actor_processes_the_costs_ask_for(monkeypatch, caplog):
+    """main re-plans with the count by cost: 32 envs in 1 process where one per core gives 2."""
+    from impala_rep import launch
+
+    _stub_launcher(monkeypatch, 2.2e-4)  # the synthetic workload's costs: the learner's share is 1.22 of 2 cores
     with caplog.at_level("INFO", logger="impala_rep.launch"):
         assert launch.main(["--env", "catch", "--actors", "32", "--learner", "cpu"]) == 2
     assert "plan: 32 actors in 1 process(es) (32 envs each)" in caplog.text, caplog.text
@@ -392,6 +403,45 @@ def test_launcher_starts_the_actor_processes_the_costs_ask_for(monkeypatch, capl
     with caplog.at_level("INFO", logger="impala_rep.launch"):
         assert launch.main(["--env", "catch", "--actors", "32", "--learner", "cpu", "--actor-processes", "2"]) == 2
     assert "plan: 32 actors in 2 process(es) (16 envs each)" in caplog.text and "(--actor-processes)" in caplog.text
+
+
+def test_fill_actor_processes_gives_niced_actors_a_process_per_core():
+    import types
+
+    from impala_rep.launch import fill_actor_processes
+
+    config = types.SimpleNamespace(actors=32, actor_processes=None)
+    assert fill_actor_processes(config, 2, 1, "by cost", filling=True) == (
+        2, "one per core: niced actors fill the cores the learner's threads leave idle")
+    assert fill_actor_processes(config, 2, 1, "by cost", filling=False) == (1, "by cost")
+    assert fill_actor_processes(config, 2, 2, "by cost", filling=True) == (2, "by cost")
+    assert fill_actor_processes(types.SimpleNamespace(actors=1, actor_processes=None), 2, 1, "by cost", True) == (
+        1, "by cost")  # one env: one process
+    config.actor_processes = 1
+    assert fill_actor_processes(config, 2, 1, "--actor-processes", filling=True) == (1, "--actor-processes")
+
+
+def test_launcher_nices_actors_and_adds_processes_when_the_learner_fills_the_cores(monkeypatch, caplog):
+    """A learner whose share of the work is 1.56 of 2 cores gets 2 threads: the actors are
+    niced to fill its gaps, in one process per core; either flag given keeps its own choice."""
+    from impala_rep import launch
+
+    started = _stub_launcher(monkeypatch, 5e-4)
+    base = ["--env", "catch", "--actors", "32", "--learner", "cpu"]
+    with caplog.at_level("INFO", logger="impala_rep.launch"):
+        assert launch.main(base) == 2
+    assert "learner threads: 2" in caplog.text and "actor nice: 19" in caplog.text, caplog.text
+    assert "plan: 32 actors in 2 process(es) (16 envs each)" in caplog.text
+    assert "(one per core: niced actors fill the cores the learner's threads leave idle)" in caplog.text
+    assert started[-1].actor_nice == 19
+    caplog.clear()
+    with caplog.at_level("INFO", logger="impala_rep.launch"):
+        assert launch.main(base + ["--actor-processes", "1"]) == 2
+    assert "32 actors in 2 process(es)" not in caplog.text and started[-1].actor_nice == 19
+    caplog.clear()
+    with caplog.at_level("INFO", logger="impala_rep.launch"):
+        assert launch.main(base + ["--actor-nice", "0"]) == 2
+    assert "32 actors in 2 process(es)" not in caplog.text and started[-1].actor_nice == 0
 
 
 def test_cpu_learner_gets_one_replica_per_thread_that_divides_the_batch():

@@ -154,6 +154,8 @@ def test_read_metrics_skips_a_half_written_line(tmp_path):
         (["--learner-threads", "none"], "expected a positive number of threads or 'auto'"),
         (["--replicas", "3"], "--replicas must be a positive divisor of the batch size 32, got 3"),
         (["--replicas", "0"], "--replicas must be a positive divisor of the batch size 32, got 0"),
+        (["--actor-nice", "20"], "--actor-nice must be between 0 and 19, got 20"),
+        (["--actor-nice", "-1"], "--actor-nice must be between 0 and 19, got -1"),
     ],
 )
 def test_benchmark_flag_errors_are_sentences(argv, message, capsys):
@@ -204,6 +206,28 @@ def test_benchmark_replicas_reach_the_launcher_and_not_the_learner_piece(monkeyp
     assert piece[piece.index("--replicas") + 1] == "1"
 
 
+def test_benchmark_actor_nice_reaches_the_launcher_only_when_given(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench, "run_launch_window", lambda launch_args, *rest: seen.append(launch_args) or {})
+    bench.measure_end_to_end(bench.WORKLOADS["synthetic"], bench.parse_args(["--actor-nice", "0"]))
+    bench.measure_end_to_end(bench.WORKLOADS["synthetic"], bench.parse_args([]))
+    assert seen[0][seen[0].index("--actor-nice") + 1] == "0"
+    assert "--actor-nice" not in seen[1]  # the launcher's choice
+
+
+def test_learner_piece_trains_on_the_end_to_end_learners_per_replica_batch(tmp_path):
+    log = tmp_path / "launch.log"
+    log.write_text("x learner replicas: 1 (one per learner thread)\nx learner replicas: 2 (one per learner thread)\n")
+    assert bench.planned_replicas(log) == 2
+    assert bench.planned_replicas(tmp_path / "missing.log") is None
+    assert bench.replica_batch(bench.parse_args([]), bench.planned_replicas(log)) == 16
+    assert bench.replica_batch(bench.parse_args([])) == 32  # no launcher log: the whole batch
+    assert bench.replica_batch(bench.parse_args(["--replicas", "4"]), 2) == 8  # --replicas is what the launcher got
+    piece = bench.learner_command(5, 60, [84, 84, 3], 3, 1, "float32", 16)
+    assert piece[piece.index("--batch-size") + 1] == "16" and piece[piece.index("--replicas") + 1] == "1"
+    assert piece[piece.index("--threads") + 1] == "1"
+
+
 def test_planned_batch_reads_the_launchers_last_plan_line(tmp_path):
     log = tmp_path / "launch.log"
     log.write_text("x plan: 33 actors in 2 process(es) (16/17 envs each); estimated memory 3.0 GiB (one per core)\n"
@@ -243,14 +267,15 @@ def test_combine_rounds_takes_the_harmonic_mean_and_keeps_each_round():
     (["--parts", "e2e"], ["slice"]),
 ])
 def test_pieces_rounds_run_in_the_pauses_beside_the_slices(monkeypatch, tmp_path, argv, order):
-    calls, batches = [], []
+    calls, batches, learner_batches = [], [], []
     # (env, inference, learner) agent steps/s of each round.
     rates = iter([(1e6, 1000.0, 500.0), (1e6, 500.0, 1000.0), (1e6, 800.0, 800.0), (1e6, 1000.0, 1000.0)])
     slice_rates = [400.0, 300.0, 450.0]
 
-    def pieces(workload, args, report, label="", batch=None):
+    def pieces(workload, args, report, label="", batch=None, learner_batch=None):
         calls.append("pieces")
         batches.append(batch)
+        learner_batches.append(learner_batch)
         env, inference, learner = next(rates)
         return {"env": {"agent_steps_per_s": env}, "inference": {"agent_steps_per_s": inference},
                 "learner": {"agent_steps_per_s": learner}}
@@ -258,7 +283,8 @@ def test_pieces_rounds_run_in_the_pauses_beside_the_slices(monkeypatch, tmp_path
     def e2e(workload, args, between=None, launch=None):
         # What run_launch_window does: the launcher's log, whose plan says 1 process of 32 envs.
         log_path = tmp_path / "launch.log"
-        log_path.write_text("INFO impala_rep.launch: plan: 32 actors in 1 process(es) (32 envs each); estimated ...\n")
+        log_path.write_text("INFO impala_rep.launch: plan: 32 actors in 1 process(es) (32 envs each); estimated ...\n"
+                            "INFO impala_rep.launch: learner replicas: 2 (one per learner thread)\n")
         launch["log_path"] = log_path
         # What watch_run does: between(0) after the warm-up, between(i) after slice i.
         n = args.slices if between is not None else 1
@@ -283,6 +309,8 @@ def test_pieces_rounds_run_in_the_pauses_beside_the_slices(monkeypatch, tmp_path
     # else one process per core.
     assert args.actors == 32 and bench.inference_batch(args) < 32
     assert batches == [32 if "slice" in order else bench.inference_batch(args)] * order.count("pieces")
+    # The learner piece trains on the batch each of the launcher's 2 replicas gets, once it has logged them.
+    assert learner_batches == [16 if "slice" in order else 32] * order.count("pieces")
     rounds = order.count("pieces")
     if rounds == 0:
         assert "ceiling_agent_steps_per_s" not in out and "ratio_to_ceiling" not in out
