@@ -175,12 +175,13 @@ def add_actor_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--actors", type=_positive_int, default=8, help="number of envs acting in parallel (default 8)")
     g.add_argument("--actor-processes", type=_positive_int, default=None,
                    help="processes hosting the actors (default: for a CPU learner sized by cost, the cores its "
-                        "measured share of the work leaves; otherwise one per core)")
+                        "measured share of the work leaves, or one per core when its threads fill every core; "
+                        "otherwise one per core)")
     g.add_argument("--max-actor-restarts", type=int, default=10, help="restarts per actor process before giving up")
     g.add_argument("--actor-nice", type=int, default=None,
                    help="CPU priority the actor processes give up, 0-19, so the learner sharing their cores runs "
-                        "first (default 10, or 0 when a CPU learner's threads fill every core: niced actors would "
-                        "then run only while the learner waits; 0 keeps them equal)")
+                        "first (default 10, or 19 when a CPU learner's threads fill every core: the actors, one "
+                        "process per core, then run in its gaps and while it waits for unrolls; 0 keeps them equal)")
     g.add_argument("--unrolls-per-message", type=_positive_int, default=DEFAULT_UNROLLS_PER_MESSAGE,
                    help="unrolls an actor process packs into one gRPC message "
                         f"(default {DEFAULT_UNROLLS_PER_MESSAGE}; 1: one per message): "
