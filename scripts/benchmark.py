@@ -465,7 +465,8 @@ def measure_learner(seconds: float, timeout: float, obs_shape: Sequence[int], fr
     if "error" in result:
         return {"error": f"scripts/bench_learner.py: {result['error']}"}
     return {"agent_steps_per_s": result["frames_per_s"], "step_ms": result["step_ms"], "steps": result["steps"],
-            "threads": 1, "obs_shape": list(obs_shape), "frame_stack": frame_stack, "action_dims": action_dims,
+            "threads": 1, "batch": batch_size, "obs_shape": list(obs_shape), "frame_stack": frame_stack,
+            "action_dims": action_dims,
             "precision": precision, "note": "frames = T x B transitions per learner step = agent steps trained on"}
 
 
@@ -873,7 +874,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--replicas", type=int, default=None,
                         help="the launcher's --replicas in the end-to-end run: CPU replicas the learner's threads "
                              f"share (default: one per learner thread); must divide the batch, {BATCH_SIZE}. The "
-                             "learner piece stays one replica on one core")
+                             "learner piece stays one replica on one core, on the batch each replica gets")
     parser.add_argument("--actor-nice", type=int, default=None, metavar="N",
                         help="the launcher's --actor-nice in the end-to-end run, 0-19 (default: the launcher's choice)")
     parser.add_argument("--learner-precision", choices=LEARNER_PRECISIONS, default="float32",

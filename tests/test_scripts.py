@@ -195,24 +195,14 @@ def test_benchmark_learner_precision_reaches_the_learner_piece_and_the_launcher(
     assert "invalid choice: 'float16'" in capsys.readouterr().err
 
 
-def test_benchmark_replicas_reach_the_launcher_and_not_the_learner_piece(monkeypatch):
+@pytest.mark.parametrize("flag, value", [("--replicas", "4"), ("--actor-nice", "0")])
+def test_benchmark_launcher_flags_reach_the_launcher_only_when_given(monkeypatch, flag, value):
     seen = []
     monkeypatch.setattr(bench, "run_launch_window", lambda launch_args, *rest: seen.append(launch_args) or {})
-    bench.measure_end_to_end(bench.WORKLOADS["synthetic"], bench.parse_args(["--replicas", "4"]))
+    bench.measure_end_to_end(bench.WORKLOADS["synthetic"], bench.parse_args([flag, value]))
     bench.measure_end_to_end(bench.WORKLOADS["synthetic"], bench.parse_args([]))
-    assert seen[0][seen[0].index("--replicas") + 1] == "4"
-    assert "--replicas" not in seen[1]  # the launcher's default: one per learner thread
-    piece = bench.learner_command(5, 60, [84, 84, 3], 3, 1)
-    assert piece[piece.index("--replicas") + 1] == "1"
-
-
-def test_benchmark_actor_nice_reaches_the_launcher_only_when_given(monkeypatch):
-    seen = []
-    monkeypatch.setattr(bench, "run_launch_window", lambda launch_args, *rest: seen.append(launch_args) or {})
-    bench.measure_end_to_end(bench.WORKLOADS["synthetic"], bench.parse_args(["--actor-nice", "0"]))
-    bench.measure_end_to_end(bench.WORKLOADS["synthetic"], bench.parse_args([]))
-    assert seen[0][seen[0].index("--actor-nice") + 1] == "0"
-    assert "--actor-nice" not in seen[1]  # the launcher's choice
+    assert seen[0][seen[0].index(flag) + 1] == value
+    assert flag not in seen[1]  # the launcher's choice
 
 
 def test_learner_piece_trains_on_the_end_to_end_learners_per_replica_batch(tmp_path):
@@ -226,6 +216,25 @@ def test_learner_piece_trains_on_the_end_to_end_learners_per_replica_batch(tmp_p
     piece = bench.learner_command(5, 60, [84, 84, 3], 3, 1, "float32", 16)
     assert piece[piece.index("--batch-size") + 1] == "16" and piece[piece.index("--replicas") + 1] == "1"
     assert piece[piece.index("--threads") + 1] == "1"
+    piece = bench.learner_command(5, 60, [84, 84, 3], 3, 1)  # with --replicas too, the piece is one replica
+    assert piece[piece.index("--batch-size") + 1] == "32" and piece[piece.index("--replicas") + 1] == "1"
+
+
+def test_measure_learner_records_the_batch_it_trained_on(monkeypatch):
+    import types
+
+    seen = []
+
+    def run(cmd, **kwargs):
+        seen.append(cmd)
+        return types.SimpleNamespace(returncode=0, stderr="",
+                                     stdout=json.dumps([{"frames_per_s": 1200.0, "step_ms": 266.0, "steps": 9}]))
+
+    monkeypatch.setattr(subprocess, "run", run)
+    out = bench.measure_learner(5, 60, [84, 84, 3], 3, 1, "float32", 16)
+    assert out["agent_steps_per_s"] == 1200.0 and out["batch"] == 16
+    assert seen[0][seen[0].index("--batch-size") + 1] == "16"
+    assert bench.measure_learner(5, 60, [84, 84, 3], 3, 1)["batch"] == 32
 
 
 def test_planned_batch_reads_the_launchers_last_plan_line(tmp_path):
