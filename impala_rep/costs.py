@@ -29,8 +29,10 @@ __all__ = ["LEARNER_FACTOR", "actor_processes", "learner_share", "learner_thread
 LEARNER_FACTOR = 3.0
 # A learner given fewer threads than its share caps the whole pipeline; one given an extra
 # thread only loses what that thread spins. So round up once the share passes a whole number
-# by more than this much of a core.
-_ROUND_UP_PAST = 0.25
+# by more than this much of a core. It was a quarter core until the twenty-eighth session:
+# then synthetic on 2 cores (share 1.21-1.23) kept 1 thread, and 2 (which fill the cores, so
+# the actors run niced in their gaps) trained on 5-7% more agent steps/s (docs/BENCHMARKS.md).
+_ROUND_UP_PAST = 0.1
 
 
 def learner_share(cores: int, env_seconds: float, forward_seconds: float,
@@ -57,7 +59,7 @@ def learner_share(cores: int, env_seconds: float, forward_seconds: float,
 def learner_threads(cores: int, env_seconds: float, forward_seconds: float,
                     learner_seconds: Optional[float] = None) -> int:
     """TensorFlow threads for a learner sharing ``cores`` with the actors: its :func:`learner_share`,
-    rounded up once it passes a whole number by a quarter core, at least 1 and at most ``cores``."""
+    rounded up once it passes a whole number by a tenth of a core, at least 1 and at most ``cores``."""
     share = learner_share(cores, env_seconds, forward_seconds, learner_seconds)
     return max(1, min(cores, math.ceil(share - _ROUND_UP_PAST)))
 

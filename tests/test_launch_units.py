@@ -333,10 +333,10 @@ def test_launcher_sizes_learner_threads_from_the_probed_costs():
     threads, why = choose_learner_threads("auto", 2, cheap_env, fallback=1)
     assert threads == 2 and "0.27 ms" in why
     assert "the learner step an estimated 0.81 ms (the learner step was not timed)" in why
-    # The learner probe's measurement replaces the estimate (1.21 of 2 cores: one thread).
-    measured = dict(cheap_env, learner={"seconds_per_step": 2.2e-4})
+    # The learner probe's measurement replaces the estimate (1.02 of 2 cores: one thread).
+    measured = dict(cheap_env, learner={"seconds_per_step": 1.5e-4})
     threads, why = choose_learner_threads("auto", 2, dict(measured, policy={"seconds_per_step": 1.4e-4}), fallback=2)
-    assert threads == 1 and "the learner step 0.22 ms of CPU" in why and "1.21 of 2 cores" in why
+    assert threads == 1 and "the learner step 0.15 ms of CPU" in why and "1.02 of 2 cores" in why
     failed = dict(cheap_env, learner_error="timing the learner step took more than 180 s")
     threads, why = choose_learner_threads("auto", 2, failed, fallback=1)
     assert threads == 2 and "an estimated 0.81 ms (timing the learner step took more than 180 s)" in why
@@ -394,11 +394,12 @@ def test_launcher_starts_the_actor_processes_the_costs_ask_for(monkeypatch, capl
     """main re-plans with the count by cost: 32 envs in 1 process where one per core gives 2."""
     from impala_rep import launch
 
-    _stub_launcher(monkeypatch, 2.2e-4)  # the synthetic workload's costs: the learner's share is 1.22 of 2 cores
+    _stub_launcher(monkeypatch, 1.5e-4)  # the learner's share is 1.03 of 2 cores: 1 thread, the actors 1 process
     with caplog.at_level("INFO", logger="impala_rep.launch"):
         assert launch.main(["--env", "catch", "--actors", "32", "--learner", "cpu"]) == 2
     assert "plan: 32 actors in 1 process(es) (32 envs each)" in caplog.text, caplog.text
-    assert "rounded up, are 1)" in caplog.text
+    assert "rounded up, are 1)" in caplog.text and "learner threads: 1 " in caplog.text
+    assert "plan: 32 actors in 2 process(es)" not in caplog.text  # no re-plan: the learner leaves a core
     caplog.clear()
     with caplog.at_level("INFO", logger="impala_rep.launch"):
         assert launch.main(["--env", "catch", "--actors", "32", "--learner", "cpu", "--actor-processes", "2"]) == 2
