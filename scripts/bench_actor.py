@@ -13,6 +13,18 @@ benchmark's ceiling counts: the envs alone (random actions) and the inference al
 (``step_frames`` and ``sample_np`` on the same batch). ``overhead`` is the loop's CPU per agent step beyond those two: frame prefixes,
 unroll assembly, encoding, parameter refreshes and Python bookkeeping.
 
+Page faults. Each part's minor page faults per agent step are reported beside its CPU. By
+default (``--malloc reuse``) this process's glibc keeps freed memory mapped for reuse, the
+steady state of a live actor process: in the twenty-ninth session's launcher runs (synthetic,
+32 actors in 2 processes) an actor process took at most 0.16 page faults per agent step of its
+own, with glibc's defaults or these settings alike, its heap already holding the pages an
+unroll boundary needs. This loop alone, with glibc's defaults (``--malloc system``), hands the
+top of its heap back to the kernel after every unroll boundary and faults it in again: at 16
+envs about 9.5 faults per agent step, and the loop's own accounting of ``emit`` 0.028-0.031 ms
+per agent step against 0.008-0.010 with reuse (the live actors' emit, with their gRPC outbox and
+parameter fetches, was 0.016-0.017 either way). Until the twenty-ninth session this script
+ran with glibc's defaults, so its ``overhead`` figures before then include those faults.
+
     .venv/bin/python scripts/bench_actor.py --workload synthetic --envs 16 --seconds 10
     .venv/bin/python scripts/bench_actor.py --workload dmc/cartpole-swingup --envs 16 --refresh --json
 """
@@ -30,18 +42,45 @@ SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 
 
+# mallopt parameters (glibc malloc.h) and the values --malloc reuse sets: blocks below 32 MiB
+# (glibc's own ceiling for its adaptive threshold) come from the heap, which keeps up to
+# 128 MiB free at its top instead of handing it back to the kernel.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_REUSE = ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 128 << 20))
+
+
+def keep_freed_memory() -> bool:
+    """Sets glibc's mmap and trim thresholds for this process (module docstring); False where
+    the C library is not glibc or refuses them."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # only glibc has it  # noqa: B018
+    except (OSError, AttributeError):
+        return False
+    return all(libc.mallopt(param, value) == 1 for param, value in _REUSE)
+
+
+def _minor_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _cpu_per_step(run, seconds: float, steps_per_call: int, prepare=None):
-    """(ms of process CPU per agent step, calls) of ``run()`` repeated for ``seconds``;
-    ``prepare()``, if given, runs untimed before each call."""
-    calls, spent, wall0 = 0, 0.0, time.perf_counter()
+    """(ms of process CPU per agent step, calls, minor page faults) of ``run()`` repeated for
+    ``seconds``; ``prepare()``, if given, runs untimed before each call."""
+    calls, spent, faults, wall0 = 0, 0.0, 0, time.perf_counter()
     while calls < 3 or time.perf_counter() - wall0 < seconds:
         if prepare is not None:
             prepare()
-        cpu0 = time.process_time()
+        faults0, cpu0 = _minor_faults(), time.process_time()
         run()
         spent += time.process_time() - cpu0
+        faults += _minor_faults() - faults0
         calls += 1
-    return 1e3 * spent / (calls * steps_per_call), calls
+    return 1e3 * spent / (calls * steps_per_call), calls, faults
 
 
 def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, refresh: bool = False,
@@ -106,14 +145,15 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
         parts.append(("inference_evicted", infer, 0.2, lambda: np.add(evict, 1.0, out=evict)))
     # The parts in turn, a few rounds, so that a drifting machine affects them alike. Only
     # the loop steps the actor, so its stats' span is the loop's own accounting.
-    totals = {name: [0.0, 0] for name, _, _, _ in parts}
+    totals = {name: [0.0, 0, 0] for name, _, _, _ in parts}
     stats_before = actor.stats.snapshot()
     rounds = 3
     for _ in range(rounds):
         for name, run, share, prepare in parts:
-            ms, calls = _cpu_per_step(run, seconds * share / rounds, envs, prepare)
+            ms, calls, faults = _cpu_per_step(run, seconds * share / rounds, envs, prepare)
             totals[name][0] += ms * calls
             totals[name][1] += calls
+            totals[name][2] += faults
     stats_after = actor.stats.snapshot()
     loop_steps = stats_after[0] - stats_before[0]
     loop_cpu = {k: v - stats_before[1][k] for k, v in stats_after[1].items()}
@@ -134,6 +174,7 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
         "loop_ms_per_step": loop_ms, "env_ms_per_step": env_ms, "inference_ms_per_step": inference_ms,
         "overhead_ms_per_step": loop_ms - env_ms - inference_ms,
         "overhead_share": (loop_ms - env_ms - inference_ms) / loop_ms,
+        "page_faults_per_step": {k: faults / (n * envs) for k, (_, n, faults) in totals.items()},
         "loop_calls": calls, "unrolls": actor.stats.unrolls, "param_updates": actor.stats.param_updates,
         "unroll_bytes": int(np.mean(payload_bytes)) if payload_bytes else 0,
     }
@@ -153,8 +194,15 @@ def main(argv=None) -> int:
     parser.add_argument("--evict-mb", type=float, default=0.0,
                         help="also time the inference with this many MB of other memory written before each call, "
                              "as live envs and processes evict the policy's state between calls (default 0: not timed)")
+    parser.add_argument("--malloc", choices=("reuse", "system"), default="reuse",
+                        help="reuse (default): glibc keeps freed memory mapped, as a live actor process's heap "
+                             "does; system: glibc's defaults, under which this loop alone faults its unroll "
+                             "buffers in again at every boundary")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    malloc = "system"
+    if args.malloc == "reuse":
+        malloc = "reuse" if keep_freed_memory() else "system (not glibc, or mallopt refused)"
     # One thread (llvmpipe in it), like the benchmark's ceiling pieces and the launcher's actor processes (set
     # before NumPy or MuJoCo is imported).
     from impala_rep.plan import ACTOR_THREAD_ENV
@@ -167,13 +215,16 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"bench_actor: {e}", file=sys.stderr)
         return 2
+    result["malloc"] = malloc
     if args.json:
         print(json.dumps(result))
     else:
         print(f"{result['workload']}, {result['envs']} envs, unroll {result['unroll_length']}"
-              f"{', new parameters every unroll' if args.refresh else ''} (ms of CPU per agent step):")
+              f"{', new parameters every unroll' if args.refresh else ''}, malloc {malloc} "
+              "(ms of CPU per agent step; page faults per agent step):")
+        faults = result["page_faults_per_step"]
         for key in ("loop", "env", "inference", "overhead"):
-            print(f"  {key:<10} {result[key + '_ms_per_step']:.3f}")
+            print(f"  {key:<10} {result[key + '_ms_per_step']:.3f}" + (f"  {faults[key]:.2f}" if key in faults else ""))
         print(f"  overhead share of the loop: {result['overhead_share']:.0%}")
         print("  the loop's own accounting: " + ", ".join(f"{k} {v:.3f}" for k, v in result["loop_parts_ms_per_step"].items()))
         if "inference_evicted_ms_per_step" in result:
