@@ -316,9 +316,10 @@ def test_cpu_is_accounted_to_the_part_of_the_loop_that_spent_it():
     T, E = 2, 2
     # Burns large beside the parts' own work (the real policy took 0.5 ms a call on a slow
     # host, which a policy margin of 4.8 ms over 13 calls did not hold) and beside the
-    # thread clock's own noise: in one fresh-clone CI run on a busy-neighbour VM the policy
-    # part held 50 ms over 13 burns of 30 ms (its margin then 24 ms), nothing of the loop's.
-    # Margins are now 96 ms for the policy, emit and other parts.
+    # thread clock's own noise: in one fresh-clone CI run on a 2-core VM the policy part held
+    # 50 ms over 13 burns of 30 ms (its margin then 24 ms) with no cause in the loop found.
+    # Margins are now 96 ms for the policy, emit and other parts, below one step's env burns
+    # (160 ms) and one sink burn (200 ms), as before in proportion.
     env_cost, policy_cost, sink_cost = 0.08, 0.12, 0.2
     env_list = [_BurningEnv(envs.make("catch", seed=i), env_cost) for i in range(E)]
     spec = env_spec_from_dm_env(env_list[0])
