@@ -12,13 +12,18 @@ import json
 import math
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "DEFAULT_UNROLLS_PER_MESSAGE", "NEVER_KEYS", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
+__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "DEFAULT_UNROLLS_PER_MESSAGE", "DEFAULT_PARAM_REFRESH_LAG", "MAX_PARAM_REFRESH_LAG", "NEVER_KEYS", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
 
 # What actor processes give up in CPU priority unless told (the launcher may choose 0).
 DEFAULT_ACTOR_NICE = 10
 # Unrolls an actor process packs into one gRPC message unless told (docs/BENCHMARKS.md,
 # twenty-fifth session: fewer, larger messages cost gRPC less CPU per byte).
 DEFAULT_UNROLLS_PER_MESSAGE = 8
+# Versions an actor may fall behind the learner before it is sent new parameters
+# (``--param-refresh-lag``; learner/params.py); the bound keeps a mistyped lag from leaving
+# actors on their first parameters for a whole run.
+DEFAULT_PARAM_REFRESH_LAG = 1
+MAX_PARAM_REFRESH_LAG = 1000
 # Intervals that may be infinite (never); config.json writes them as null.
 NEVER_KEYS = ("checkpoint_interval_s", "log_interval_s")
 
@@ -88,6 +93,7 @@ class RunConfig:
     max_actor_restarts: int = 10
     actor_nice: int = DEFAULT_ACTOR_NICE
     unrolls_per_message: int = DEFAULT_UNROLLS_PER_MESSAGE
+    param_refresh_lag: int = DEFAULT_PARAM_REFRESH_LAG
     jit_compile: bool = False
     learner_precision: str = "float32"
     replay_ratio: float = 0.0
@@ -152,6 +158,12 @@ class RunConfig:
         if isinstance(self.unrolls_per_message, bool) or not isinstance(self.unrolls_per_message, int) \
                 or self.unrolls_per_message < 1:
             raise ConfigError(f"unrolls-per-message must be a whole number of at least 1, got {self.unrolls_per_message!r}.")
+        if isinstance(self.param_refresh_lag, bool) or not isinstance(self.param_refresh_lag, int) \
+                or not 1 <= self.param_refresh_lag <= MAX_PARAM_REFRESH_LAG:
+            raise ConfigError(
+                f"param-refresh-lag must be a whole number of learner versions from 1 (actors get every new version) "
+                f"to {MAX_PARAM_REFRESH_LAG}, got {self.param_refresh_lag!r}."
+            )
         object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
         object.__setattr__(self, "network", dict(self.network))
         object.__setattr__(self, "loss", dict(self.loss))

@@ -7,7 +7,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional
 
-from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_UNROLLS_PER_MESSAGE, LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
+from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_PARAM_REFRESH_LAG, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "nonnegative_float", "int_at_least", "UsageError"]
 
@@ -186,6 +186,11 @@ def add_actor_flags(parser: argparse.ArgumentParser) -> None:
                    help="unrolls an actor process packs into one gRPC message "
                         f"(default {DEFAULT_UNROLLS_PER_MESSAGE}; 1: one per message): "
                         "fewer, larger messages cost gRPC less CPU per byte")
+    g.add_argument("--param-refresh-lag", type=_positive_int, default=DEFAULT_PARAM_REFRESH_LAG, metavar="K",
+                   help="learner versions an actor may fall behind before the learner sends it new parameters "
+                        f"(default {DEFAULT_PARAM_REFRESH_LAG}: every new version; at most {MAX_PARAM_REFRESH_LAG}): "
+                        "K above 1 sends actors about 1/K of the parameter traffic, for a policy lag "
+                        "up to K-1 versions longer, which V-trace corrects for")
 
 
 def parse_env_kwargs(items: List[str]) -> Dict[str, Any]:
@@ -305,6 +310,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         max_actor_restarts=getattr(args, "max_actor_restarts", 10),
         actor_nice=DEFAULT_ACTOR_NICE if getattr(args, "actor_nice", None) is None else args.actor_nice,
         unrolls_per_message=getattr(args, "unrolls_per_message", DEFAULT_UNROLLS_PER_MESSAGE),
+        param_refresh_lag=getattr(args, "param_refresh_lag", DEFAULT_PARAM_REFRESH_LAG),
         jit_compile=args.jit,
         learner_precision=args.learner_precision,
         replay_ratio=args.replay_ratio,

@@ -4,13 +4,17 @@ The learner publishes NumPy snapshots of its parameters; each publish gets the n
 (1, 2, ...; 0 means nothing published yet) and is serialised once into a
 ``GetParametersResponse``, whatever the number of actors that fetch it. An actor sends the
 version it holds and receives either the newest parameters or, when it is up to date, only
-the version number.
+the version number. With a refresh lag ``K`` above 1 (``--param-refresh-lag``), a caller that
+holds some version receives new parameters only once it is ``K`` or more versions behind;
+closer than that it is answered as up to date, and keeps acting with what it holds (V-trace
+corrects for the older policy). A caller holding none (version 0) always receives them.
 
 Usage::
 
     store = ParameterStore()
     version = store.publish(learner.get_params())   # {name: np.ndarray}
     payload = store.response_bytes(have_version=3)  # serialized reply for GetParameters
+    payload, sent = store.reply(have_version=3, refresh_lag=2)
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from impala_rep.config import MAX_PARAM_REFRESH_LAG
 from impala_rep.proto import transport_pb2
 from impala_rep.wire import encode_tensor
 
-__all__ = ["ParameterStore"]
+__all__ = ["ParameterStore", "MAX_REFRESH_LAG"]
+
+MAX_REFRESH_LAG = MAX_PARAM_REFRESH_LAG
 
 
 class ParameterStore:
@@ -72,12 +79,23 @@ class ParameterStore:
         with self._lock:
             return self._version, dict(self._params)
 
-    def response_bytes(self, have_version: int) -> bytes:
+    def response_bytes(self, have_version: int, refresh_lag: int = 1) -> bytes:
         """The serialized ``GetParametersResponse`` for a caller holding ``have_version``."""
+        return self.reply(have_version, refresh_lag)[0]
+
+    def reply(self, have_version: int, refresh_lag: int = 1) -> Tuple[bytes, bool]:
+        """(serialized ``GetParametersResponse``, whether it carries the parameters) for a
+        caller holding ``have_version``: the newest parameters when it holds none (0) or is
+        ``refresh_lag`` or more versions behind, else only the newest version number."""
+        refresh_lag = int(refresh_lag)
+        if not 1 <= refresh_lag <= MAX_REFRESH_LAG:
+            raise ValueError(f"refresh_lag must be from 1 to {MAX_REFRESH_LAG}, got {refresh_lag}.")
+        have_version = int(have_version)
         with self._lock:
-            if int(have_version) >= self._version:
-                return self._up_to_date
-            return self._payload
+            behind = self._version - have_version
+            if behind >= 1 and (have_version <= 0 or behind >= refresh_lag):
+                return self._payload, True
+            return self._up_to_date, False
 
     def wait_for_version(self, version: int, timeout: Optional[float] = None) -> bool:
         """Blocks until a version >= ``version`` is published; False on timeout."""

@@ -148,6 +148,7 @@ class Trainer:
             token=config.token,
             tls_cert_file=config.tls_cert,
             tls_key_file=config.tls_key,
+            refresh_lag=config.param_refresh_lag,
         )
         self.batcher = PrefetchingBatcher(Batcher(
             self.queue, self.unroll_spec, config.batch_size, self.frame_stack,

@@ -14,7 +14,8 @@ Service ``impala_rep.transport.Learner`` (``impala_rep/proto/transport.proto``):
   are all validated before any is queued. gRPC costs less CPU per byte on fewer, larger
   messages (``docs/BENCHMARKS.md``, twenty-fifth session), so actors send these by default.
 * ``GetParameters``: the newest parameters from :class:`learner.params.ParameterStore`
-  (serialised once per version), or only the version when the caller has it.
+  (serialised once per version), or only the version when the caller has it or, with
+  ``refresh_lag`` K above 1, is fewer than K versions behind it.
 
 Security: binds ``127.0.0.1`` unless another host is asked for; an optional shared token
 is required in the metadata ``x-impala-token`` of every call (missing or wrong:
@@ -51,7 +52,7 @@ import grpc
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec
 from impala_rep.wire import WireError, spec_to_proto, split_unroll_batch
-from learner.params import ParameterStore
+from learner.params import MAX_REFRESH_LAG, ParameterStore
 from learner.queue import QueueClosed, UnrollQueue
 from learner.validation import REJECT_REASONS, UnrollRejected, UnrollValidator
 
@@ -165,6 +166,8 @@ class LearnerServer:
         (clients back off and retry). The thread pool has ``max_streams + 8`` threads so
         handshakes and parameter fetches are never starved by streams.
       grpc_options: extra gRPC server options (appended, so they override the defaults).
+      refresh_lag: versions a caller of ``GetParameters`` may fall behind before it is sent
+        new parameters (1: every new version; a caller holding none always gets them).
     """
 
     def __init__(
@@ -185,6 +188,7 @@ class LearnerServer:
         max_batch_bytes: Optional[int] = None,
         max_streams: int = 64,
         grpc_options: Sequence[Tuple[str, Any]] = (),
+        refresh_lag: int = 1,
     ):
         self.validator = UnrollValidator(unroll_spec, unroll_length, max_message_bytes)
         one = self.validator.max_message_bytes
@@ -226,6 +230,9 @@ class LearnerServer:
         if int(max_streams) < 1:
             raise ValueError(f"max_streams must be at least 1, got {max_streams}.")
         self.max_streams = int(max_streams)
+        if isinstance(refresh_lag, bool) or not isinstance(refresh_lag, int) or not 1 <= refresh_lag <= MAX_REFRESH_LAG:
+            raise ValueError(f"refresh_lag must be a whole number of versions from 1 to {MAX_REFRESH_LAG}, got {refresh_lag!r}.")
+        self.refresh_lag = refresh_lag
         self._grpc_options = list(grpc_options)
         self.server_id = uuid.uuid4().hex
         self.metrics = TransportMetrics(self.unroll_length)
@@ -373,8 +380,8 @@ class LearnerServer:
     def _handle_get_parameters(self, request, context):
         self._check_token(context)
         self.metrics.count("parameter_requests")
-        payload = self.params.response_bytes(request.have_version)
-        if request.have_version < self.params.version:
+        payload, sent = self.params.reply(request.have_version, self.refresh_lag)
+        if sent:
             self.metrics.count("parameters_sent")
         return payload
 

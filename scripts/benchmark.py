@@ -261,12 +261,18 @@ def select_window(records: Sequence[Mapping[str, Any]], warmup: float, seconds: 
         value = mean(key)
         if value is not None:
             window[key] = value
+    sent = "transport/parameters_sent"
+    steps = end["learner_step"] - start["learner_step"]
+    if isinstance(end.get(sent), (int, float)) and isinstance(start.get(sent), (int, float)) and steps > 0:
+        # Full parameter replies per learner step: one per actor process per version with
+        # --param-refresh-lag 1 when every process fetches every version.
+        window["parameters_sent_per_learner_step"] = (end[sent] - start[sent]) / steps
     return window
 
 
 WINDOW_DIAGNOSTICS = ("queue_fill", "policy_lag_mean", "time_share/wait_batch", "time_share/train",
                       "time_share/publish", "transport/megabytes_per_second", "cores_learner", "cores_actors",
-                      "cores_machine", "cores_learner_tensorflow")
+                      "cores_machine", "cores_learner_tensorflow", "parameters_sent_per_learner_step")
 
 
 def combine_windows(windows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -658,6 +664,8 @@ def measure_end_to_end(workload: Workload, args, between: Optional[Callable[[int
         launch_args += ["--replicas", str(args.replicas)]
     if args.actor_nice is not None:
         launch_args += ["--actor-nice", str(args.actor_nice)]
+    if args.param_refresh_lag is not None:
+        launch_args += ["--param-refresh-lag", str(args.param_refresh_lag)]
     result = run_launch_window(launch_args, args, between, launch)
     result.update(actors=args.actors, actor_processes=args.actor_processes or "launcher's choice")
     return result
@@ -856,7 +864,7 @@ def machine_info() -> Dict[str, Any]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from impala_rep.config import LEARNER_PRECISIONS
+    from impala_rep.config import LEARNER_PRECISIONS, MAX_PARAM_REFRESH_LAG
     from impala_rep.flags import nonnegative_float, positive_float
     from impala_rep.launch import parse_learner_threads
 
@@ -877,6 +885,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "learner piece stays one replica on one core, on the batch each replica gets")
     parser.add_argument("--actor-nice", type=int, default=None, metavar="N",
                         help="the launcher's --actor-nice in the end-to-end run, 0-19 (default: the launcher's choice)")
+    parser.add_argument("--param-refresh-lag", type=int, default=None, metavar="K",
+                        help="the launcher's --param-refresh-lag in the end-to-end run: learner versions an actor may "
+                             "fall behind before it is sent new parameters (default: the launcher's)")
     parser.add_argument("--learner-precision", choices=LEARNER_PRECISIONS, default="float32",
                         help="what the learner network computes in, in the learner piece and the end-to-end run "
                              "(the launcher's --learner-precision; default float32)")
@@ -916,6 +927,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--replicas must be a positive divisor of the batch size {BATCH_SIZE}, got {args.replicas}.")
     if args.actor_nice is not None and not 0 <= args.actor_nice <= 19:
         parser.error(f"--actor-nice must be between 0 and 19, got {args.actor_nice}.")
+    if args.param_refresh_lag is not None and not 1 <= args.param_refresh_lag <= MAX_PARAM_REFRESH_LAG:
+        parser.error(f"--param-refresh-lag must be from 1 to {MAX_PARAM_REFRESH_LAG}, got {args.param_refresh_lag}.")
     if args.slices < 1:
         parser.error(f"--slices must be at least 1, got {args.slices}.")
     if args.rounds is not None and args.rounds < 1:

@@ -177,6 +177,21 @@ def test_replay_trains_on_more_unrolls_than_the_actors_send(tmp_path):
     assert config["replay_ratio"] == 0.5 and config["replay_unrolls"] is None
 
 
+def test_param_refresh_lag_sends_actors_a_share_of_the_versions(tmp_path):
+    logdir = str(tmp_path / "run")
+    proc = launch(*CATCH, "--actors", "2", "--actor-processes", "2", "--total-steps", "8000",
+                  "--param-refresh-lag", "5", "--logdir", logdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = metrics(logdir)[-1]
+    # 50 learner steps of 160 agent steps; each process has an unroll boundary every 10 of its
+    # steps, so with a lag of 1 it would fetch nearly every version (about 100 replies in all).
+    # With 5: its first parameters, then at most one reply per 5 versions.
+    versions = last["learner_step"] + 1
+    assert 2 <= last["transport/parameters_sent"] <= 2 * (versions // 5 + 1), last
+    assert last["transport/parameter_requests"] > 2 * versions // 2, last  # it still asked at every boundary
+    assert json.load(open(os.path.join(logdir, "config.json")))["param_refresh_lag"] == 5
+
+
 def test_bfloat16_learner_trains_and_exports_a_float32_policy(tmp_path):
     import numpy as np
 

@@ -31,6 +31,8 @@ def test_run_config_round_trips_and_hides_the_token():
         ({"actor_nice": 20}, "actor-nice must be between 0 and 19"),
         ({"actor_nice": -1}, "actor-nice must be between 0 and 19"),
         ({"unrolls_per_message": 0}, "unrolls-per-message must be a whole number of at least 1, got 0"),
+        ({"param_refresh_lag": 0}, "param-refresh-lag must be a whole number of learner versions from 1 .* to 1000, got 0"),
+        ({"param_refresh_lag": 1001}, "param-refresh-lag must be .* got 1001"),
         ({"learner_precision": "float16"}, "learner-precision must be one of float32, bfloat16, got 'float16'"),
     ],
 )
@@ -311,6 +313,18 @@ def test_unrolls_per_message_reaches_the_actor_processes(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--env", "catch", "--unrolls-per-message", "0"])
     assert "--unrolls-per-message" in capsys.readouterr().err
+
+
+def test_param_refresh_lag_flag_reaches_the_config(capsys):
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    assert config_from_args(parser.parse_args(["--env", "catch"])).param_refresh_lag == 1
+    assert config_from_args(parser.parse_args(["--env", "catch", "--param-refresh-lag", "4"])).param_refresh_lag == 4
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--env", "catch", "--param-refresh-lag", "0"])
+    assert "--param-refresh-lag: expected a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_learner_threads_flag_takes_a_count_or_auto(capsys):

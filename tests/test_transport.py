@@ -66,6 +66,42 @@ def test_parameters_newest_or_nothing():
         server.stop()
 
 
+def test_refresh_lag_sends_parameters_only_to_callers_that_many_versions_behind():
+    server = start_server(refresh_lag=3)
+    try:
+        publish = lambda v: server.params.publish({"w": np.full(4, v, np.float32)})  # noqa: E731
+        with LearnerClient(server.address, give_up_after_s=5) as client:
+            publish(1)
+            version, params = client.get_parameters()  # holding none: sent whatever the lag
+            assert version == 1 and params["w"][0] == 1
+            publish(2)
+            publish(3)
+            assert client.get_parameters() is None  # 2 behind, fewer than 3: keeps version 1
+            publish(4)
+            version, params = client.get_parameters()  # 3 behind: the newest, not the next
+            assert version == 4 and params["w"][0] == 4
+            assert client.get_parameters() is None
+        m = server.snapshot_metrics()
+        assert m["parameter_requests"] == 4 and m["parameters_sent"] == 2
+    finally:
+        server.stop()
+
+
+def test_parameter_store_reply_and_its_checks():
+    store = ParameterStore()
+    assert store.reply(0, refresh_lag=5) == (store.response_bytes(0), False)  # nothing published
+    for v in range(1, 5):
+        store.publish({"w": np.full(2, v, np.float32)})
+    payload, sent = store.reply(0, refresh_lag=1000)
+    assert sent and payload == store.response_bytes(1)
+    assert store.reply(2, refresh_lag=2) == (payload, True)
+    assert store.reply(3, refresh_lag=2)[1] is False and store.reply(3)[1] is True
+    assert store.reply(4)[1] is False and store.reply(9)[1] is False  # a caller ahead is not sent older ones
+    for bad in (0, -1, 1001):
+        with pytest.raises(ValueError, match="refresh_lag must be from 1 to 1000"):
+            store.reply(1, refresh_lag=bad)
+
+
 def test_eight_concurrent_clients_stream_intact_unrolls():
     spec = small_spec()
     server = start_server(spec, capacity=16)
@@ -294,6 +330,9 @@ def test_server_argument_checks():
         LearnerServer(spec, T, UnrollQueue(1), ParameterStore(), token="")
     with pytest.raises(ValueError, match="max_message_bytes"):
         LearnerServer(spec, T, UnrollQueue(1), ParameterStore(), max_message_bytes=10)
+    for bad in (0, 1001, 2.0, True):
+        with pytest.raises(ValueError, match="refresh_lag must be a whole number of versions from 1 to 1000"):
+            LearnerServer(spec, T, UnrollQueue(1), ParameterStore(), refresh_lag=bad)
 
 
 def test_a_server_that_cannot_listen_says_why_in_a_sentence(tmp_path):
