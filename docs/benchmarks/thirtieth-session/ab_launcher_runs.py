@@ -2,7 +2,9 @@
 
 The twenty-eighth session's script, with BASEFLAGS (launcher flags after the synthetic
 defaults, e.g. the main job's) and VAR=VALUE tokens among a config's flags setting that run's
-environment; it prints each run's full parameter replies over the window."""
+environment; it prints each run's full parameter replies over the window. PIN=tf in a
+config pins the learner's two tf_Compute threads to cores 0 and 1, PIN=tf,act also actor
+process i (all its threads) to core i, 5 s after the first metrics record."""
 import json, os, signal, subprocess, sys, time, tempfile, shutil
 ROUNDS = int(os.environ.get("ROUNDS", "2")); WARM = float(os.environ.get("WARM", "40")); WIN = float(os.environ.get("WIN", "40"))
 ENV = os.environ.get("ABENV", "benchmark:synthetic_env")
@@ -24,6 +26,26 @@ for r in range(ROUNDS):
         while not os.path.exists(mf) or os.path.getsize(mf) == 0:
             time.sleep(1)
             if time.time() - t0 > 300: break
+        pin = env.get("PIN", "")
+        if pin:
+            time.sleep(5)
+            import glob
+            tasks = {}
+            for t in glob.glob(f"/proc/{p.pid}/task/*"):
+                try: tasks[int(t.rsplit("/", 1)[1])] = open(t + "/comm").read().strip()
+                except OSError: pass
+            if "tf" in pin:
+                tf = sorted(tid for tid, n in tasks.items() if n.startswith("tf_Compute"))
+                print("    tf threads", [(tid, tasks[tid]) for tid in tf], flush=True)
+                for i, tid in enumerate(tf):
+                    os.sched_setaffinity(tid, {i % 2})
+            if "act" in pin:
+                kids = [int(x) for x in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
+                acts = sorted(k for k in kids if b"actors.run" in open(f"/proc/{k}/cmdline", "rb").read())
+                print("    actor pids", acts, flush=True)
+                for i, a in enumerate(acts):
+                    for t in glob.glob(f"/proc/{a}/task/*"):
+                        os.sched_setaffinity(int(t.rsplit("/", 1)[1]), {i % 2})
         time.sleep(WARM + WIN)
         recs = [json.loads(l) for l in open(mf)]
         end = recs[-1]; start = [x for x in recs if x["time"] <= end["time"] - WIN][-1]
