@@ -28,9 +28,7 @@ from impala_rep.config import MAX_PARAM_REFRESH_LAG
 from impala_rep.proto import transport_pb2
 from impala_rep.wire import encode_tensor
 
-__all__ = ["ParameterStore", "MAX_REFRESH_LAG"]
-
-MAX_REFRESH_LAG = MAX_PARAM_REFRESH_LAG
+__all__ = ["ParameterStore"]
 
 
 class ParameterStore:
@@ -88,8 +86,8 @@ class ParameterStore:
         caller holding ``have_version``: the newest parameters when it holds none (0) or is
         ``refresh_lag`` or more versions behind, else only the newest version number."""
         refresh_lag = int(refresh_lag)
-        if not 1 <= refresh_lag <= MAX_REFRESH_LAG:
-            raise ValueError(f"refresh_lag must be from 1 to {MAX_REFRESH_LAG}, got {refresh_lag}.")
+        if not 1 <= refresh_lag <= MAX_PARAM_REFRESH_LAG:
+            raise ValueError(f"refresh_lag must be from 1 to {MAX_PARAM_REFRESH_LAG}, got {refresh_lag}.")
         have_version = int(have_version)
         with self._lock:
             behind = self._version - have_version

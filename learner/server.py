@@ -49,10 +49,11 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
+from impala_rep.config import MAX_PARAM_REFRESH_LAG
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec
 from impala_rep.wire import WireError, spec_to_proto, split_unroll_batch
-from learner.params import MAX_REFRESH_LAG, ParameterStore
+from learner.params import ParameterStore
 from learner.queue import QueueClosed, UnrollQueue
 from learner.validation import REJECT_REASONS, UnrollRejected, UnrollValidator
 
@@ -230,8 +231,8 @@ class LearnerServer:
         if int(max_streams) < 1:
             raise ValueError(f"max_streams must be at least 1, got {max_streams}.")
         self.max_streams = int(max_streams)
-        if isinstance(refresh_lag, bool) or not isinstance(refresh_lag, int) or not 1 <= refresh_lag <= MAX_REFRESH_LAG:
-            raise ValueError(f"refresh_lag must be a whole number of versions from 1 to {MAX_REFRESH_LAG}, got {refresh_lag!r}.")
+        if isinstance(refresh_lag, bool) or not isinstance(refresh_lag, int) or not 1 <= refresh_lag <= MAX_PARAM_REFRESH_LAG:
+            raise ValueError(f"refresh_lag must be a whole number of versions from 1 to {MAX_PARAM_REFRESH_LAG}, got {refresh_lag!r}.")
         self.refresh_lag = refresh_lag
         self._grpc_options = list(grpc_options)
         self.server_id = uuid.uuid4().hex
