@@ -77,9 +77,10 @@ class ParameterStore:
         with self._lock:
             return self._version, dict(self._params)
 
-    def response_bytes(self, have_version: int, refresh_lag: int = 1) -> bytes:
-        """The serialized ``GetParametersResponse`` for a caller holding ``have_version``."""
-        return self.reply(have_version, refresh_lag)[0]
+    def response_bytes(self, have_version: int) -> bytes:
+        """The serialized ``GetParametersResponse`` for a caller holding ``have_version``
+        (every newer version sent; :meth:`reply` takes a refresh lag)."""
+        return self.reply(have_version)[0]
 
     def reply(self, have_version: int, refresh_lag: int = 1) -> Tuple[bytes, bool]:
         """(serialized ``GetParametersResponse``, whether it carries the parameters) for a
