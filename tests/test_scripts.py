@@ -87,6 +87,15 @@ def test_select_window_measures_after_warmup_over_the_window():
     assert 0.5 <= window["queue_fill"] <= 0.6
 
 
+def test_select_window_counts_full_parameter_replies_per_learner_step():
+    records = _records(0, 12)
+    for r in records:
+        r["transport/parameters_sent"] = 2 * r["learner_step"] if r["learner_step"] < 6 else 10 + (r["learner_step"] - 5)
+    window = bench.select_window(records, warmup=2.0, seconds=5.0)  # learner steps 3 to 8
+    assert window["parameters_sent_per_learner_step"] == pytest.approx((13 - 6) / 5)
+    assert "parameters_sent_per_learner_step" not in bench.select_window(_records(0, 12), warmup=2.0, seconds=5.0)
+
+
 def test_select_window_waits_for_a_complete_window():
     assert bench.select_window(_records(5, 0), warmup=0.0, seconds=1.0) is None  # no learner step yet
     assert bench.select_window(_records(0, 4), warmup=2.0, seconds=5.0) is None  # window not closed
@@ -156,6 +165,8 @@ def test_read_metrics_skips_a_half_written_line(tmp_path):
         (["--replicas", "0"], "--replicas must be a positive divisor of the batch size 32, got 0"),
         (["--actor-nice", "20"], "--actor-nice must be between 0 and 19, got 20"),
         (["--actor-nice", "-1"], "--actor-nice must be between 0 and 19, got -1"),
+        (["--param-refresh-lag", "0"], "--param-refresh-lag must be from 1 to 1000, got 0"),
+        (["--param-refresh-lag", "1001"], "--param-refresh-lag must be from 1 to 1000, got 1001"),
     ],
 )
 def test_benchmark_flag_errors_are_sentences(argv, message, capsys):
@@ -195,7 +206,7 @@ def test_benchmark_learner_precision_reaches_the_learner_piece_and_the_launcher(
     assert "invalid choice: 'float16'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, value", [("--replicas", "4"), ("--actor-nice", "0")])
+@pytest.mark.parametrize("flag, value", [("--replicas", "4"), ("--actor-nice", "0"), ("--param-refresh-lag", "2")])
 def test_benchmark_launcher_flags_reach_the_launcher_only_when_given(monkeypatch, flag, value):
     seen = []
     monkeypatch.setattr(bench, "run_launch_window", lambda launch_args, *rest: seen.append(launch_args) or {})
