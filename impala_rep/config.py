@@ -78,6 +78,7 @@ class RunConfig:
     loss: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     optimizer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     total_steps: int = 1_000_000
+    time_budget_s: Optional[float] = None
     seed: int = 0
     logdir: str = "runs/default"
     checkpoint_interval_s: float = 600.0
@@ -128,6 +129,13 @@ class RunConfig:
             raise ConfigError(
                 f"batch-size {self.batch_size} is not divisible by replicas {self.replicas}; "
                 "choose a batch size that is a multiple of the replica count."
+            )
+        if self.time_budget_s is not None and (
+                isinstance(self.time_budget_s, bool) or not isinstance(self.time_budget_s, (int, float))
+                or not math.isfinite(self.time_budget_s) or not self.time_budget_s > 0):
+            raise ConfigError(
+                f"time-budget must be a positive, finite number of seconds (or None for none), "
+                f"got {self.time_budget_s!r}."
             )
         _positive("checkpoint-interval", self.checkpoint_interval_s)
         _positive("log-interval", self.log_interval_s)

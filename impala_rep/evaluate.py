@@ -114,6 +114,7 @@ def evaluate(
         "std_return": float(np.std(returns)),
         "learner_step": loaded.metadata.get("learner_step"),
         "agent_steps": loaded.metadata.get("agent_steps"),
+        "train_seconds": loaded.metadata.get("train_seconds"),
         "seconds": time.monotonic() - t0,
     }
     if video:

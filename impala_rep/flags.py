@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_PARAM_REFRESH_LAG, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
 
-__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "nonnegative_float", "int_at_least", "UsageError"]
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError"]
 
 
 class UsageError(ValueError):
@@ -75,6 +75,26 @@ def _float_in(what: str, low: Optional[float] = None, high: Optional[float] = No
 positive_float = _float_in("a positive number", 0.0, low_open=True)
 
 
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration_seconds(text: str) -> float:
+    """An argparse type: a positive, finite duration in seconds, written as GNU ``timeout``
+    takes it: a number with an optional unit, s (the default), m or h (``3000``, ``50m``,
+    ``1.5h``)."""
+    body = text.strip().lower()
+    scale = _DURATION_UNITS.get(body[-1:], None) if body else None
+    number = body[:-1] if scale is not None else body
+    try:
+        value = float(number) * (scale or 1.0)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive duration: seconds, or a number with a unit s, m or h (50m, 1.5h), got {text!r}")
+    return value
+
+
 def interval_seconds(text: str) -> float:
     """An argparse type: a positive number of seconds, or ``inf``/``never`` (``math.inf``)."""
     if text.strip().lower() in ("inf", "infinity", "never"):
@@ -138,6 +158,11 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--total-steps", type=_positive_int, default=2_000_000,
                    help="budget in agent steps trained on (each is action-repeat env frames; a replayed "
                         "unroll counts once, when fresh)")
+    g.add_argument("--time-budget", type=duration_seconds, default=None, metavar="DURATION",
+                   help="also stop after this long in the training loop (seconds, or with a unit: 50m, 1.5h; "
+                        "counted across resumes; start-up and the final save and evaluation come on top), "
+                        "whichever of it and --total-steps comes first; unless --no-anneal, the learning "
+                        "rate anneals over whichever of the two is further along (default: none)")
     g.add_argument("--seed", type=seed_flag, default=0)
     g.add_argument("--queue-unrolls", type=_positive_int, default=None,
                    help="bound of the learner's unroll queue (default: 2 batches)")
@@ -276,8 +301,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     # Learner steps in the run; with replay each batch advances the agent steps by its fresh share only.
     fresh = args.batch_size - replayed_per_batch(args.batch_size, args.replay_ratio)
     updates = -(-args.total_steps // (args.unroll_length * fresh))
+    time_budget = getattr(args, "time_budget", None)
     if not args.no_anneal:
         optimizer["anneal_steps"] = updates
+        if time_budget is not None:
+            optimizer["anneal_seconds"] = time_budget
     optimizer["warmup_steps"] = min(100, updates // 20) if args.lr_warmup is None else args.lr_warmup
     token: Optional[str] = args.token or os.environ.get("IMPALA_REP_TOKEN") or None
     return RunConfig(
@@ -295,6 +323,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         loss=loss,
         optimizer=optimizer,
         total_steps=args.total_steps,
+        time_budget_s=time_budget,
         seed=args.seed,
         logdir=args.logdir,
         checkpoint_interval_s=args.checkpoint_interval,

@@ -7,7 +7,7 @@ Also the learner-alone entry point for multi-host runs::
 
 :class:`Trainer` owns the loop: it builds the network, optimizer and replicated step,
 restores the newest checkpoint of the logdir (unless told not to), serves actors, and
-trains until the agent-step budget or a stop request; it checkpoints by time with
+trains until the agent-step budget, the time budget or a stop request; it checkpoints by time with
 ``tf.train.CheckpointManager``, exports a TensorFlow-free policy beside every checkpoint,
 and writes a progress line, ``metrics.jsonl`` and TensorBoard summaries.
 """
@@ -98,6 +98,8 @@ class Trainer:
                 "the queue must hold at least one batch."
             )
         self.agent_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="agent_steps")
+        # (base seconds, monotonic start) while train() runs: see train_seconds().
+        self._clock: Optional[tuple] = None
         self.checkpoint = tf.train.Checkpoint(agent_steps=self.agent_steps, **self.step.checkpoint_objects())
         check_logdir(config.logdir)  # the entry points checked it too, before their probes
         try:
@@ -187,8 +189,16 @@ class Trainer:
                     "--logdir, or write the index back (a line: model_checkpoint_path: \"ckpt-N\")."
                 )
             return
+        checkpoint = self.checkpoint
+        if not self._has_train_seconds(latest):
+            # Written before runs recorded their training time: everything else is restored,
+            # and the training time counts from 0 (a --time-budget starts in full).
+            objects = dict(self.step.checkpoint_objects())
+            objects.pop("train_seconds")
+            checkpoint = tf.train.Checkpoint(agent_steps=self.agent_steps, **objects)
+            log.info("%s does not record the training time (an older checkpoint): it counts from 0", latest)
         try:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            checkpoint.restore(latest).assert_existing_objects_matched()
         except (AssertionError, ValueError, IndexError, tf.errors.OpError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(
@@ -198,6 +208,17 @@ class Trainer:
             ) from None
         self.step.restore_configured_learning_rate()
         self.restored_from = latest
+
+    @staticmethod
+    def _has_train_seconds(path: str) -> bool:
+        """Whether the checkpoint at ``path`` holds the training time (older ones do not);
+        True when it cannot be read, so that the restore says why."""
+        import tensorflow as tf
+
+        try:
+            return any(name.startswith("train_seconds/") for name, _ in tf.train.list_variables(path))
+        except (tf.errors.OpError, ValueError):
+            return True
 
     # ------------------------------------------------------------------ specs
 
@@ -246,6 +267,7 @@ class Trainer:
     def save(self) -> str:
         from impala_rep.export import save_policy
 
+        self.step.set_train_seconds(self.train_seconds())
         path = self.manager.save(checkpoint_number=self.learner_step)
         save_policy(
             os.path.join(self.config.logdir, "policy"),
@@ -258,6 +280,7 @@ class Trainer:
                 "frame_stack": self.frame_stack,
                 "learner_step": self.learner_step,
                 "agent_steps": int(self.agent_steps.numpy()),
+                "train_seconds": round(self.train_seconds(), 1),
                 "version": self.params.version,
                 "checkpoint": os.path.basename(path),
             },
@@ -306,8 +329,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
 
+    def train_seconds(self) -> float:
+        """Seconds spent in :meth:`train` over the run, resumes included (the checkpoints keep
+        it): what ``--time-budget`` counts."""
+        if self._clock is None:
+            return float(self.step.train_seconds.numpy())
+        base, started = self._clock
+        return base + time.monotonic() - started
+
+    def out_of_time(self) -> bool:
+        return self.config.time_budget_s is not None and self.train_seconds() >= self.config.time_budget_s
+
     def done(self) -> bool:
-        return int(self.agent_steps.numpy()) >= self.config.total_steps
+        """Whether the run's budget is spent: its agent steps, or its --time-budget."""
+        return int(self.agent_steps.numpy()) >= self.config.total_steps or self.out_of_time()
 
     def train(
         self,
@@ -315,10 +350,26 @@ class Trainer:
         on_tick: Optional[Callable[[], Dict[str, Any]]] = None,
         max_learner_steps: Optional[int] = None,
     ) -> Dict[str, float]:
-        """Trains until the budget, ``stop``, or ``max_learner_steps`` more steps."""
+        """Trains until the budget (agent steps or time), ``stop``, or ``max_learner_steps`` more
+        steps. The time from its call to its return adds to :meth:`train_seconds`."""
+        self._clock = (float(self.step.train_seconds.numpy()), time.monotonic())
+        try:
+            return self._train(stop, on_tick, max_learner_steps)
+        finally:
+            self.step.set_train_seconds(self.train_seconds())
+            self._clock = None
+            if self.out_of_time():
+                log.info("time budget of %.0f s spent (%d agent steps trained on)",
+                         self.config.time_budget_s, int(self.agent_steps.numpy()))
+
+    def _train(self, stop, on_tick, max_learner_steps) -> Dict[str, float]:
         from learner.batcher import policy_lag
         from learner.queue import QueueClosed
 
+        # With a time budget the learning rate anneals over the seconds trained: the variable
+        # it reads is advanced about once a second.
+        anneal_by_time = self.step.optimizer_config.anneal_seconds is not None
+        clock_set = time.monotonic()
         cfg = self.config
         replayed = trained = 0  # unrolls in this logging window
         start_step = self.learner_step
@@ -339,6 +390,9 @@ class Trainer:
             except QueueClosed:
                 break
             t1 = time.perf_counter()
+            if anneal_by_time and time.monotonic() - clock_set >= 1.0:
+                self.step.set_train_seconds(self.train_seconds())
+                clock_set = time.monotonic()
             # The step and the read of its parameters for the actors, in one call.
             metrics, (step, params) = self.step.train_and_read(batch.tensors)
             t2 = time.perf_counter()
@@ -391,6 +445,7 @@ class Trainer:
             "learner_step": self.learner_step,
             "agent_steps": int(self.agent_steps.numpy()),
             "env_frames": int(self.agent_steps.numpy()) * self.action_repeat,
+            "train_seconds": self.train_seconds(),
             "learner_steps_per_s": learner_sps,
             "agent_steps_per_s": agent_sps,
             "env_frames_per_s": agent_sps * self.action_repeat,

@@ -107,6 +107,9 @@ class OptimizerConfig:
       clip_norm: global-norm clipping threshold of the all-reduced gradients, or ``None``.
       anneal_steps: anneal the learning rate linearly to 0 over this many learner steps
         (then keep it at 0), or ``None`` for a constant rate.
+      anneal_seconds: anneal it linearly to 0 over this many seconds of training as well
+        (``LearnerStep.train_seconds``, which the trainer advances); with both, the rate
+        follows whichever of the two is further along. ``None``: steps only.
       warmup_steps: ramp the learning rate up linearly over the first this many learner
         steps (0: none). RMSProp's mean square starts at 0, so without a warm-up its first
         updates are up to ``1/sqrt(1 - decay)`` (10x at decay 0.99) larger than later ones.
@@ -119,6 +122,7 @@ class OptimizerConfig:
     clip_norm: Optional[float] = 40.0
     anneal_steps: Optional[int] = None
     warmup_steps: int = 0
+    anneal_seconds: Optional[float] = None
 
     def __post_init__(self):
         def number(name: str) -> float:
@@ -149,6 +153,11 @@ class OptimizerConfig:
                     f"OptimizerConfig.anneal_steps must be at least 1, or None for a constant "
                     f"learning rate; got {self.anneal_steps}."
                 )
+        if self.anneal_seconds is not None and not number("anneal_seconds") > 0:
+            raise ValueError(
+                f"OptimizerConfig.anneal_seconds must be positive, or None to anneal by steps only; "
+                f"got {self.anneal_seconds}."
+            )
 
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ValueError(
@@ -156,18 +165,25 @@ class OptimizerConfig:
                 f"got {self.warmup_steps!r}."
             )
 
-    def learning_rate_schedule(self):
-        """The learning rate as a float, or a ``tf_keras`` schedule (warm-up, then linear to 0)."""
-        if self.anneal_steps is None and not self.warmup_steps:
-            return float(self.learning_rate)
-        return _make_schedule(float(self.learning_rate), int(self.warmup_steps), self.anneal_steps)
+    def learning_rate_schedule(self, train_seconds=None):
+        """The learning rate as a float, or a ``tf_keras`` schedule (warm-up, then linear to 0).
 
-    def make_optimizer(self):
+        ``train_seconds``: the variable of seconds trained that ``anneal_seconds`` anneals over
+        (``LearnerStep.train_seconds``); needed when ``anneal_seconds`` is set.
+        """
+        if self.anneal_seconds is not None and train_seconds is None:
+            raise ValueError("OptimizerConfig.anneal_seconds needs the train_seconds variable to anneal over.")
+        if self.anneal_steps is None and self.anneal_seconds is None and not self.warmup_steps:
+            return float(self.learning_rate)
+        return _make_schedule(float(self.learning_rate), int(self.warmup_steps), self.anneal_steps,
+                              self.anneal_seconds, train_seconds)
+
+    def make_optimizer(self, train_seconds=None):
         """A ``tf_keras.optimizers.RMSprop`` (create it inside the replicator's scope)."""
         import tf_keras
 
         return tf_keras.optimizers.RMSprop(
-            learning_rate=self.learning_rate_schedule(),
+            learning_rate=self.learning_rate_schedule(train_seconds),
             rho=float(self.decay),
             momentum=float(self.momentum),
             epsilon=float(self.epsilon),
@@ -175,9 +191,11 @@ class OptimizerConfig:
         )
 
 
-def _make_schedule(learning_rate: float, warmup_steps: int, anneal_steps: Optional[int]):
-    """lr x min(1, (step+1)/warmup) x max(0, 1 - step/anneal) as a ``tf_keras`` schedule of the
-    optimizer's step count (0-based); a factor is left out when its steps are 0 / ``None``."""
+def _make_schedule(learning_rate: float, warmup_steps: int, anneal_steps: Optional[int],
+                   anneal_seconds: Optional[float] = None, train_seconds=None):
+    """lr x min(1, (step+1)/warmup) x max(0, 1 - max(step/anneal, seconds/anneal_seconds)) as a
+    ``tf_keras`` schedule of the optimizer's step count (0-based) and the ``train_seconds``
+    variable; a term is left out when its steps are 0 / ``None``."""
     import tensorflow as tf
     import tf_keras
 
@@ -187,12 +205,18 @@ def _make_schedule(learning_rate: float, warmup_steps: int, anneal_steps: Option
             lr = tf.constant(learning_rate, tf.float32)
             if warmup_steps:
                 lr *= tf.minimum(1.0, (step + 1.0) / float(warmup_steps))
+            done = []  # the share of each budget used
             if anneal_steps is not None:
-                lr *= tf.maximum(0.0, 1.0 - step / float(anneal_steps))
+                done.append(step / float(anneal_steps))
+            if anneal_seconds is not None:
+                done.append(tf.cast(train_seconds, tf.float32) / float(anneal_seconds))
+            if done:
+                lr *= tf.maximum(0.0, 1.0 - tf.reduce_max(tf.stack(done)))
             return lr
 
         def get_config(self):
-            return {"learning_rate": learning_rate, "warmup_steps": warmup_steps, "anneal_steps": anneal_steps}
+            return {"learning_rate": learning_rate, "warmup_steps": warmup_steps, "anneal_steps": anneal_steps,
+                    "anneal_seconds": anneal_seconds}
 
     return WarmupLinearDecay()
 
@@ -332,11 +356,14 @@ class LearnerStep:
                     "the network has no trainable variables after construction; create its "
                     "variables in __init__ (build it) so they are mirrored on every replica."
                 )
-            self.optimizer = optimizer_config.make_optimizer()
+            # Seconds trained, as the caller counts them (set_train_seconds); checkpointed, and
+            # what OptimizerConfig.anneal_seconds anneals over.
+            self.train_seconds = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="train_seconds")
+            self.optimizer = optimizer_config.make_optimizer(self.train_seconds)
             self.optimizer.build(variables)
         self._variables = variables
         self._replicated_optimizer = replicator.wrap_optimizer(self.optimizer, clip_norm=optimizer_config.clip_norm)
-        self._lr_schedule = optimizer_config.learning_rate_schedule()
+        self._lr_schedule = optimizer_config.learning_rate_schedule(self.train_seconds)
 
         self._grad_fn = tf.function(self._loss_and_grads, jit_compile=self.jit_compile, autograph=False)
         # get_params reads every parameter (named as the network's get_params names them) and
@@ -592,6 +619,15 @@ class LearnerStep:
                 for name, value in params.items():
                     by_name[name].assign(value)
 
+    def set_train_seconds(self, seconds: float) -> None:
+        """Sets the seconds trained (``train_seconds``), which the learning rate anneals over
+        when ``OptimizerConfig.anneal_seconds`` is set; the caller advances it as it trains."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+                or seconds < 0:
+            raise ValueError(f"train_seconds must be a finite number of seconds, 0 or more; got {seconds!r}.")
+        with self._lock:
+            self.train_seconds.assign(float(seconds))
+
     def restore_configured_learning_rate(self) -> None:
         """After a checkpoint restore: a constant learning rate is an optimizer variable, so
         the restore brought back the rate of the run that wrote it; this puts this run's back
@@ -603,6 +639,8 @@ class LearnerStep:
         """What to checkpoint: ``tf.train.Checkpoint(**learner.checkpoint_objects())``.
 
         ``network`` and ``optimizer`` (whose slots and ``iterations`` hold the optimiser
-        state and the step counter); ``step`` is the same counter, named for readers.
+        state and the step counter); ``step`` is the same counter, named for readers;
+        ``train_seconds`` the seconds trained.
         """
-        return {"network": self.network, "optimizer": self.optimizer, "step": self.optimizer.iterations}
+        return {"network": self.network, "optimizer": self.optimizer, "step": self.optimizer.iterations,
+                "train_seconds": self.train_seconds}

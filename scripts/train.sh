@@ -3,9 +3,11 @@
 # machine. The defaults below are the settings of the best cartpole run in docs/RESULTS.md
 # (run 13: 64x64 pixels, action repeat 8, an 11-bin discretised policy, rewards scaled by
 # 1/8, gradient clip 1000, entropy cost 0.02, unrolls of 10 steps, batches of 8 unrolls,
-# learning-rate warm-up, then annealed linearly to 0 over the 1.6M agent-step budget, envs
-# out of phase (the dmc/ default); 54 minutes on the first sessions' host, final greedy evaluation
-# 756.7; 17.6 minutes and 711.9 on the twelfth session's faster host, run 16). Each
+# learning-rate warm-up, envs out of phase (the dmc/ default)), with a budget of whichever
+# comes first of 4M agent steps and 50 minutes of training, the learning rate annealed linearly
+# to 0 over whichever of the two is further along: on the first sessions' host 1.6M steps took
+# 54 minutes (greedy evaluation 756.7), on faster hosts 18-24 minutes, where 1.6M steps ended
+# below 700 in 2 runs of 12 and 3-4M steps at 847-857 in all 3 (runs 17, 19, 27). Each
 # checkpoint's policy (every 5 minutes) is evaluated on 10 greedy
 # episodes as it trains (RUN_DIR/eval). Extra
 # arguments go to `python -m impala_rep.launch` after them: a repeated flag overrides,
@@ -16,5 +18,5 @@ EXTRAS="${EXTRAS:-plots}" bash scripts/setup.sh
 export MUJOCO_GL="${MUJOCO_GL:-egl}"
 exec .venv/bin/python -m impala_rep.launch --env dmc/cartpole-swingup --learner cpu \
     --env-arg action_repeat=8 --env-arg size=64 --policy discretised --bins 11 --clip-norm 1000 --entropy-cost 0.02 \
-    --unroll-length 10 --batch-size 8 --actors 16 --total-steps 1600000 --checkpoint-interval 300 --eval-episodes 10 --eval-greedy \
+    --unroll-length 10 --batch-size 8 --actors 16 --total-steps 4000000 --time-budget 50m --checkpoint-interval 300 --eval-episodes 10 --eval-greedy \
     --logdir runs/cartpole-swingup "$@"

@@ -192,6 +192,27 @@ def test_param_refresh_lag_sends_actors_a_share_of_the_versions(tmp_path):
     assert json.load(open(os.path.join(logdir, "config.json")))["param_refresh_lag"] == 5
 
 
+def test_a_time_budget_ends_the_run_and_the_learning_rate_anneals_over_it(tmp_path):
+    logdir = str(tmp_path / "run")
+    budget, lr = 12.0, 6e-4
+    proc = launch(*CATCH, "--actors", "2", "--total-steps", "100000000", "--time-budget", f"{budget:g}s",
+                  "--lr-warmup", "0", "--logdir", logdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "time budget of 12 s spent" in proc.stderr, proc.stderr[-3000:]
+    records = [r for r in metrics(logdir) if "loss/learning_rate" in r]
+    assert len(records) >= 4, records
+    for r in records:
+        # The rate follows the seconds trained (the step budget is 10^5 times longer); the
+        # variable it reads is advanced about once a second, before the record is taken.
+        left = r["loss/learning_rate"] / lr
+        assert 1 - r["train_seconds"] / budget - 0.02 <= left <= 1 - (r["train_seconds"] - 2.5) / budget + 0.02, r
+        assert r["train_seconds"] <= budget + 1.0 and r["agent_steps"] < 100000000
+    assert records[-1]["loss/learning_rate"] < 0.5 * lr, records[-1]
+    policy = json.load(open(os.path.join(logdir, "policy", "policy.json")))
+    assert budget <= policy["train_seconds"] <= budget + 2.0, policy
+    assert json.load(open(os.path.join(logdir, "config.json")))["time_budget_s"] == budget
+
+
 def test_bfloat16_learner_trains_and_exports_a_float32_policy(tmp_path):
     import numpy as np
 

@@ -34,6 +34,9 @@ def test_run_config_round_trips_and_hides_the_token():
         ({"param_refresh_lag": 0}, "param-refresh-lag must be a whole number of learner versions from 1 .* to 1000, got 0"),
         ({"param_refresh_lag": 1001}, "param-refresh-lag must be .* got 1001"),
         ({"learner_precision": "float16"}, "learner-precision must be one of float32, bfloat16, got 'float16'"),
+        ({"time_budget_s": 0}, "time-budget must be a positive, finite number of seconds"),
+        ({"time_budget_s": float("inf")}, "time-budget must be a positive, finite number of seconds"),
+        ({"time_budget_s": "50m"}, "time-budget must be a positive, finite number of seconds .* got '50m'"),
     ],
 )
 def test_run_config_rejects_bad_values_with_a_sentence(kwargs, message):
@@ -313,6 +316,26 @@ def test_unrolls_per_message_reaches_the_actor_processes(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--env", "catch", "--unrolls-per-message", "0"])
     assert "--unrolls-per-message" in capsys.readouterr().err
+
+
+def test_time_budget_flag_takes_a_duration_and_anneals_over_it_unless_told_not_to(capsys):
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    plain = config_from_args(parser.parse_args(["--env", "catch"]))
+    assert plain.time_budget_s is None and "anneal_seconds" not in plain.optimizer
+    for text, seconds in (("90", 90.0), ("45s", 45.0), ("50m", 3000.0), ("1.5h", 5400.0), (" 2M ", 120.0)):
+        config = config_from_args(parser.parse_args(["--env", "catch", "--time-budget", text]))
+        assert config.time_budget_s == seconds and config.optimizer["anneal_seconds"] == seconds, text
+        assert config.optimizer["anneal_steps"] > 0  # and over the steps, whichever is further along
+        assert RunConfig.from_json(json.loads(config.dumps())) == config
+    constant = config_from_args(parser.parse_args(["--env", "catch", "--time-budget", "50m", "--no-anneal"]))
+    assert constant.time_budget_s == 3000.0 and "anneal_seconds" not in constant.optimizer
+    for bad in ("0", "-5m", "nan", "inf", "ten", "5d", "m", ""):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--env", "catch", f"--time-budget={bad}"])
+        assert "expected a positive duration: seconds, or a number with a unit s, m or h" in capsys.readouterr().err
 
 
 def test_param_refresh_lag_flag_reaches_the_config(capsys):

@@ -905,3 +905,25 @@ def test_piece_children_import_this_checkout_first(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     parts = bench._env()["PYTHONPATH"].split(os.pathsep)
     assert parts == [str(bench.SCRIPTS), str(bench.REPO), "/elsewhere"]
+
+
+# ----------------------------------------------------------------------------- train.sh
+
+
+def test_the_main_job_flags_parse_into_its_documented_budget():
+    """scripts/train.sh's launcher flags (the README's main job) are accepted by the launcher
+    and give the budget its comment states: 4M agent steps or 50 minutes, annealed over both."""
+    import shlex
+
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    text = (SCRIPTS / "train.sh").read_text()
+    start = text.index("exec .venv/bin/python -m impala_rep.launch") + len("exec .venv/bin/python -m impala_rep.launch")
+    command = text[start:text.index('"$@"', start)]
+    argv = shlex.split(command.replace("\\\n", " "))
+    config = config_from_args(build_parser().parse_args(argv))
+    assert config.env == "dmc/cartpole-swingup" and config.learner == "cpu"
+    assert config.total_steps == 4_000_000 and config.time_budget_s == 3000.0
+    assert config.optimizer["anneal_seconds"] == 3000.0 and config.optimizer["anneal_steps"] == 50_000
+    assert config.eval_episodes == 10 and config.eval_greedy

@@ -154,6 +154,36 @@ def test_learning_rate_warms_up_then_anneals(batches):
         OptimizerConfig(warmup_steps=-1)
 
 
+def test_learning_rate_anneals_over_whichever_budget_is_further_along(batches):
+    # 2 replicas: the seconds are a mirrored variable, set from outside the step.
+    config = OptimizerConfig(learning_rate=6e-4, warmup_steps=0, anneal_steps=4, anneal_seconds=100.0)
+    learner = _tiny_learner(2, optimizer_config=config)
+    rates = []
+    for seconds, batch in zip([0.0, 60.0, 10.0], batches):
+        learner.set_train_seconds(seconds)
+        rates.append(learner.train(batch)["learning_rate"])
+    # step 0 at 0 s: all left; step 1 at 60 s: time is ahead (0.4 left, steps 0.75);
+    # step 2 at 10 s: steps are ahead (0.5 left, time 0.9).
+    np.testing.assert_allclose(rates, [6e-4, 6e-4 * 0.4, 6e-4 * 0.5], rtol=1e-5)
+    learner.set_train_seconds(150.0)  # past the time budget: a rate of 0 leaves the parameters
+    _, before = learner.get_params()
+    assert learner.train(batches[0])["learning_rate"] == 0.0
+    _, after = learner.get_params()
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name])
+    by_time = _tiny_learner(1, optimizer_config=OptimizerConfig(warmup_steps=0, anneal_seconds=10.0))
+    by_time.set_train_seconds(2.5)
+    np.testing.assert_allclose(by_time.train(batches[0])["learning_rate"], 6e-4 * 0.75, rtol=1e-5)
+    with pytest.raises(ValueError, match="train_seconds must be a finite number of seconds, 0 or more"):
+        by_time.set_train_seconds(-1.0)
+    with pytest.raises(ValueError, match="anneal_seconds must be positive, or None"):
+        OptimizerConfig(anneal_seconds=0.0)
+    with pytest.raises(TypeError, match="anneal_seconds must be a finite number"):
+        OptimizerConfig(anneal_seconds=float("inf"))
+    with pytest.raises(ValueError, match="anneal_seconds needs the train_seconds variable"):
+        OptimizerConfig(anneal_seconds=5.0).learning_rate_schedule()
+
+
 def test_get_params_is_a_versioned_copy(batches):
     learner = _tiny_learner(2)
     version, params = learner.get_params()
@@ -167,13 +197,16 @@ def test_get_params_is_a_versioned_copy(batches):
 def test_checkpoint_round_trip(batches, tmp_path):
     learner = _tiny_learner(2)
     learner.train(batches[0])
+    learner.set_train_seconds(12.5)
     checkpoint = tf.train.Checkpoint(**learner.checkpoint_objects())
     path = checkpoint.save(str(tmp_path / "ckpt"))
     saved = learner.get_params()
     learner.train(batches[1])
+    learner.set_train_seconds(99.0)
     checkpoint.restore(path).assert_existing_objects_matched()
     version, params = learner.get_params()
     assert version == saved[0] == 1
+    assert float(learner.train_seconds.numpy()) == 12.5
     for name in params:
         np.testing.assert_array_equal(params[name], saved[1][name])
     # Optimizer slots are restored too: the next step repeats exactly.
