@@ -267,7 +267,8 @@ class Trainer:
     def save(self) -> str:
         from impala_rep.export import save_policy
 
-        self.step.set_train_seconds(self.train_seconds())
+        seconds = self.train_seconds()
+        self.step.set_train_seconds(seconds)
         path = self.manager.save(checkpoint_number=self.learner_step)
         save_policy(
             os.path.join(self.config.logdir, "policy"),
@@ -280,7 +281,7 @@ class Trainer:
                 "frame_stack": self.frame_stack,
                 "learner_step": self.learner_step,
                 "agent_steps": int(self.agent_steps.numpy()),
-                "train_seconds": round(self.train_seconds(), 1),
+                "train_seconds": round(seconds, 1),
                 "version": self.params.version,
                 "checkpoint": os.path.basename(path),
             },
