@@ -231,10 +231,13 @@ class Actor:
 
     def _emit(self) -> None:
         steps = self._steps
-        stacked = {k: np.stack([s[k] for s in steps]) for k in steps[0]}  # [T+1, E, ...]
+        # Env-major, [E, T+1, ...]: each env's unroll is one contiguous block, a view the
+        # transport reads in place (stacking time-major and copying each env's column out
+        # costs a second copy of every frame).
+        stacked = {k: np.stack([s[k] for s in steps], axis=1) for k in steps[0]}
         out: List[UnrollBatch] = []
         for i in range(len(self._envs)):
-            tensors = {k: np.ascontiguousarray(v[:, i]) for k, v in stacked.items()}
+            tensors = {k: v[i] for k, v in stacked.items()}
             for key, prefix in self._prefix.items():
                 tensors[f"frame_prefix/{key}"] = np.ascontiguousarray(prefix[:, i])
             for name, value in self._core_state.items():
