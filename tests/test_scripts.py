@@ -740,9 +740,12 @@ def test_bench_actor_times_the_loop_and_its_parts():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the settings are glibc's")
-def test_bench_actor_keeps_freed_memory_as_a_live_actor_process_does():
-    """glibc's defaults make this loop alone fault its unroll buffers in at every boundary
-    (a live actor process does not); --malloc reuse (the default) keeps them mapped."""
+def test_bench_actors_loop_does_not_fault_its_unroll_buffers_in_at_every_boundary():
+    """The actor assembles each boundary's unrolls with one copy of the frames (env-major),
+    so even with glibc's defaults (--malloc system) the loop keeps its heap: before that,
+    the per-env copies made glibc hand the top of the heap back after every boundary and
+    fault it in again (about 9.5 faults per agent step at 16 envs); with --malloc reuse (the
+    default) it keeps freed memory mapped either way."""
     faults = {}
     for mode in ("reuse", "system"):
         cmd = [sys.executable, str(SCRIPTS / "bench_actor.py"), "--envs", "16", "--seconds", "1", "--malloc", mode,
@@ -754,9 +757,9 @@ def test_bench_actor_keeps_freed_memory_as_a_live_actor_process_does():
         if result["malloc"] != mode:
             pytest.skip(f"this C library is not glibc: {result['malloc']}")
         faults[mode] = result["page_faults_per_step"]["loop"]
-    # Measured: about 9 faults per agent step with glibc's defaults, 0.4 with reuse in a 1-s run
-    # (the first boundaries fault their pages in once).
-    assert faults["system"] > 4 and faults["reuse"] < faults["system"] / 4, faults
+    # Measured in 1-s runs (the first boundaries fault their pages in once): 0.2-0.6 per agent
+    # step in either mode, up to 1.2 on one busy core; 9.2 with glibc's defaults before 33b0e33.
+    assert faults["system"] < 3 and faults["reuse"] < 3, faults
 
 
 @pytest.mark.parametrize("argv,message", [
