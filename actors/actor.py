@@ -26,9 +26,14 @@ import numpy as np
 
 from impala_rep.costs import random_actions
 
-__all__ = ["Actor", "UnrollBatch", "ActorStats", "PHASES"]
+__all__ = ["Actor", "UnrollBatch", "ActorStats", "PHASES", "PolicyDivergedError"]
 
 log = logging.getLogger(__name__)
+
+
+class PolicyDivergedError(RuntimeError):
+    """The policy's outputs came out NaN or infinite with the parameters the actor holds: the
+    training run diverged. Acting on would only send unrolls the learner must reject."""
 
 
 @dataclasses.dataclass
@@ -192,6 +197,8 @@ class Actor:
         t_policy = clock()
         policy_params, _, self._state = self._network.step_frames(raw, self._state, first, self._stacks)
         action, log_prob = self._policy.sample_np(policy_params, self._rng)
+        if not np.isfinite(log_prob).all():
+            self._diverged(raw)
         t_record = clock()
         cpu["policy"] += t_record - t_policy
         record = {f"observation/{k}": v for k, v in raw.items()}
@@ -228,6 +235,19 @@ class Actor:
         cpu["env"] += t_end - t_env
         cpu["other"] += (t_policy - t_start) + (t_env - t_record - emit_s)
         self.stats.steps += len(self._envs)
+
+    def _diverged(self, raw: Mapping[str, np.ndarray]) -> None:
+        """Raises PolicyDivergedError, or ValueError when the env's observations are the cause."""
+        for key, value in raw.items():
+            if value.dtype.kind in "fc" and not np.isfinite(value).all():
+                raise ValueError(
+                    f"the env returned NaN or infinite values in observation {key!r}; fix the env "
+                    "(or wrap it so that its observations are finite)."
+                )
+        raise PolicyDivergedError(
+            f"the policy's log-probabilities came out NaN or infinite with parameters version "
+            f"{self.policy_version} on finite observations: the training run diverged."
+        )
 
     def _emit(self) -> None:
         steps = self._steps

@@ -224,7 +224,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _supervise(args, token)
     priority = lower_priority(args.nice)  # before any thread starts
 
+    from actors.actor import PolicyDivergedError
     from actors.client import LearnerClient, LearnerUnavailableError, TransportError
+    from actors.supervisor import DIVERGED_EXIT_CODE
 
     stop = threading.Event()
     actor_id = args.actor_id or f"actor-{os.getpid()}"
@@ -249,6 +251,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except LearnerUnavailableError as exc:
         log.error("%s", exc)
         return 3
+    except PolicyDivergedError as exc:
+        log.error("%s", exc)
+        return DIVERGED_EXIT_CODE
     except (TransportError, ValueError) as exc:
         if stop.is_set() and isinstance(exc, TransportError):
             log.info("%s: stopped while waiting for the learner at %s", actor_id, args.learner_address)
@@ -263,7 +268,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _supervise(args, token: Optional[str]) -> int:
     import time
 
-    from actors.supervisor import ActorSupervisor, actor_process_commands
+    from actors.supervisor import DIVERGED_EXIT_CODE, ActorSupervisor, actor_process_commands
     from impala_rep.plan import split_envs
 
     # This mostly idle parent keeps its own priority.
@@ -280,11 +285,14 @@ def _supervise(args, token: Optional[str]) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     sup.start()
     try:
-        while not stop.is_set() and not sup.all_given_up:
+        while not stop.is_set() and not sup.all_given_up and sup.diverged is None:
             sup.poll()
             time.sleep(1.0)
     finally:
         sup.stop()
+    if sup.diverged is not None:
+        log.error("%s; stopping every actor process.", sup.diverged)
+        return DIVERGED_EXIT_CODE
     return 1 if sup.all_given_up else 0
 
 

@@ -18,13 +18,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
-__all__ = ["ActorSupervisor", "ActorProcess", "actor_process_commands"]
+__all__ = ["ActorSupervisor", "ActorProcess", "actor_process_commands", "DIVERGED_EXIT_CODE"]
+
+# An actor process's exit status when its policy's outputs came out NaN or infinite with the
+# learner's parameters (actors.actor.PolicyDivergedError): restarting it would only repeat that.
+DIVERGED_EXIT_CODE = 4
 
 
 def actor_process_commands(
@@ -105,6 +110,9 @@ class ActorSupervisor:
         self._max_restarts = int(max_restarts)
         self._env = dict(os.environ if env is None else env)
         self._stopping = False
+        # The first diverged actor's report (DIVERGED_EXIT_CODE), a clause: "actor process i's
+        # policy gave NaN or infinite log-probabilities with parameters version N".
+        self.diverged: Optional[str] = None
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
         self.actors = [
@@ -154,7 +162,17 @@ class ActorSupervisor:
             reason = describe_exit(code)
             tail = _tail(actor.log_path)
             detail = f"; last output:\n{tail}" if tail else ""
-            if actor.restarts >= self._max_restarts:
+            if code == DIVERGED_EXIT_CODE:
+                actor.given_up = True
+                if self.diverged is None:
+                    version = re.search(r"parameters version (\d+)", tail)
+                    self.diverged = (
+                        f"actor process {actor.index}'s policy gave NaN or infinite log-probabilities with "
+                        + (f"parameters version {version.group(1)}" if version else "the learner's parameters")
+                    )
+                msg = f"actor process {actor.index} stopped: the training run diverged; not restarting it{detail}"
+                log.error(msg)
+            elif actor.restarts >= self._max_restarts:
                 actor.given_up = True
                 msg = (
                     f"actor process {actor.index} {reason} and has been restarted {actor.restarts} times "

@@ -263,7 +263,10 @@ def main(argv=None) -> int:
 
     def tick():
         supervisor.poll()
-        if supervisor.all_given_up:
+        if supervisor.diverged is not None:
+            trainer.mark_diverged(supervisor.diverged)
+            stop.set()
+        elif supervisor.all_given_up:
             log.error("every actor process failed past its restart limit; stopping (see %s/actors/*.log)", config.logdir)
             stop.set()
         return {"actor_processes_alive": supervisor.alive, "actor_restarts": supervisor.total_restarts}

@@ -429,10 +429,18 @@ class Trainer:
 
     def _stop_diverged(self, step: int, metrics) -> None:
         losses = ", ".join(f"{k} {float(np.asarray(v)):.4g}" for k, v in sorted(metrics.items()) if "loss" in k)
+        self.mark_diverged(f"the update of learner step {step} made the network's parameters NaN or infinite ({losses})")
+
+    def mark_diverged(self, what: str) -> None:
+        """Records that the run diverged (``what`` says how, a clause) and logs the sentence:
+        :meth:`close` then saves nothing over the last checkpoint and export. Also for what the
+        actors find (``impala_rep.launch``): parameters that are finite but so large that the
+        policy's outputs overflow, which the learner's own check does not see."""
+        if self.diverged is not None:
+            return
         last = self.manager.latest_checkpoint
         self.diverged = (
-            f"the update of learner step {step} made the network's parameters NaN or infinite ({losses}): "
-            f"the run diverged and stopped without saving, so "
+            f"{what}: the run diverged and stopped without saving, so "
             + (f"the last checkpoint ({os.path.basename(last)}) and exported policy are from before it. "
                if last else "no checkpoint was written. ")
             + "Lower --learning-rate or --clip-norm (or check the rewards' scale: --reward-scale, --reward-clip), "

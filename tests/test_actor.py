@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import envs
-from actors.actor import PHASES, Actor
+from actors.actor import PHASES, Actor, PolicyDivergedError
 from impala_rep.config import frame_stack_keys
 from impala_rep.distributions import make_policy
 from impala_rep.framestack import FrameStacker, rebuild_stack
@@ -65,13 +65,14 @@ def step_leaves(outputs):
     return [params[k] for k in sorted(params)] + [value] + [state[k] for k in sorted(state)]
 
 
-def make_actor(env_id, num_envs, T, depth=3, network=None, fetch=None, desync_steps=0, **env_kwargs):
+def make_actor(env_id, num_envs, T, depth=3, network=None, fetch=None, desync_steps=0, wrap=RecordingNetwork,
+               **env_kwargs):
     env_list = [envs.make(env_id, seed=i, **env_kwargs) for i in range(num_envs)]
     spec = env_spec_from_dm_env(env_list[0])
     fs = frame_stack_keys(spec.observations, depth)
     config = NetworkConfig(**(network or {}))
     policy = make_policy(spec.action, config)
-    net = RecordingNetwork(NumpyNetwork(config, stacked_observation_specs(spec.observations, fs), spec.action))
+    net = wrap(NumpyNetwork(config, stacked_observation_specs(spec.observations, fs), spec.action))
     core = {n: ArraySpec(n, v.shape[1:], v.dtype.name) for n, v in net.initial_state(1).items()}
     uspec = unroll_spec(spec, T, fs, core, policy.action_spec)
     out = []
@@ -385,3 +386,41 @@ def test_stats_reporter_logs_the_actors_stats_until_stopped(caplog):
     assert not reporter.is_alive()
     lines = [r.getMessage() for r in caplog.records if "actor-7" in r.getMessage()]
     assert lines and "agent steps in" in lines[0] and "CPU ms per agent step: env 1.000" in lines[0]
+
+
+class _OverflowingNetwork(RecordingNetwork):
+    """A network whose policy outputs overflow from the step it is told to."""
+
+    def __init__(self, net, from_step):
+        super().__init__(net)
+        self.from_step = from_step
+
+    def step_frames(self, obs, state, first, stacks):
+        params, value, state = super().step_frames(obs, state, first, stacks)
+        if len(self.seen) > self.from_step:
+            params = {k: np.full_like(v, np.nan) if k == "logits" else v for k, v in params.items()}
+        return params, value, state
+
+
+def test_policy_outputs_that_overflow_stop_the_actor_with_the_parameters_version():
+    T, E = 4, 2
+    actor, out, _, _, _ = make_actor("catch", E, T, wrap=lambda net: _OverflowingNetwork(net, from_step=T + 3))
+    actor.policy_version = 7
+    with pytest.raises(PolicyDivergedError, match="NaN or infinite with parameters version 7 on finite observations"):
+        actor.run(max_steps=E * 100)
+    # The unrolls before it went out; none with a non-finite log-probability did.
+    assert len(out) == E
+    assert all(np.isfinite(u.tensors["behaviour_log_prob"]).all() for u in out)
+
+
+def test_non_finite_observations_are_the_envs_fault_not_a_divergence():
+    import dm_env
+
+    T, E = 4, 2
+    actor, _, _, _, _ = make_actor("catch", E, T, wrap=lambda net: _OverflowingNetwork(net, from_step=0))
+    key = next(iter(actor._timesteps[0].observation))
+    bad = np.array(actor._timesteps[0].observation[key], np.float32)
+    bad.flat[0] = np.inf
+    actor._timesteps[0] = dm_env.restart({**actor._timesteps[0].observation, key: bad})
+    with pytest.raises(ValueError, match=f"NaN or infinite values in observation '{key}'"), np.errstate(invalid="ignore"):
+        actor.step()

@@ -125,9 +125,12 @@ def test_killed_actor_is_restarted_and_sigterm_leaves_a_loadable_checkpoint(tmp_
         children = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "actors.run"], capture_output=True, text=True)
         mine = [int(p) for p in children.stdout.split()]  # this launcher's actor processes only
         assert len(mine) == 2, children
-        # The actors give the learner the CPU first (--actor-nice 10 by default).
+        # The actors give the learner the CPU first, at the nice value the launcher logged: 10
+        # by default, 19 where the learner's threads fill every core (a 1-core machine).
+        chosen = re.search(r"actor nice: (\d+) ", "".join(lines))
+        assert chosen and int(chosen.group(1)) in (10, 19), "".join(lines)
         ours = os.getpriority(os.PRIO_PROCESS, 0)
-        assert all(os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + 10) for pid in mine)
+        assert all(os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + int(chosen.group(1))) for pid in mine)
         os.kill(mine[0], signal.SIGKILL)
         assert _wait_for(proc, "restarting it (1/10)", lines, 60), "".join(lines)
         assert _wait_for(proc, "learner steps/s", lines, 60), "".join(lines)
@@ -247,7 +250,11 @@ def test_a_diverged_run_stops_with_a_sentence_and_keeps_the_last_good_checkpoint
     proc = launch(*CATCH, "--actors", "2", "--total-steps", "80000", "--learning-rate", "1e12", "--clip-norm", "1e30",
                   "--lr-warmup", "0", "--logdir", logdir)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "made the network's parameters NaN or infinite" in proc.stderr, proc.stderr[-3000:]
+    # The learner's check finds NaN parameters; or, first, an actor finds parameters so large
+    # that its policy's outputs overflow (seen on one core, where the actors ran ahead of it).
+    assert ("made the network's parameters NaN or infinite" in proc.stderr
+            or "policy gave NaN or infinite log-probabilities with parameters version" in proc.stderr), proc.stderr[-3000:]
+    assert "the run diverged and stopped without saving" in proc.stderr
     assert f"the last checkpoint ({policy_before['checkpoint']}) and exported policy are from before it" in proc.stderr
     assert "Lower --learning-rate or --clip-norm" in proc.stderr and "Traceback" not in proc.stderr
     # Nothing after the divergence was saved: the checkpoints and the exported policy are the first run's.

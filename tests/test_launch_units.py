@@ -105,6 +105,24 @@ def test_supervisor_restarts_crashed_actors_up_to_the_limit(tmp_path):
     assert "not restarting it again" in events[-1]
 
 
+def test_supervisor_does_not_restart_an_actor_that_found_the_run_diverged(tmp_path):
+    from actors.supervisor import DIVERGED_EXIT_CODE
+
+    said = "ERROR the policy's log-probabilities came out NaN or infinite with parameters version 26"
+    diverged = [sys.executable, "-c", f"import sys; print({said!r}); sys.exit({DIVERGED_EXIT_CODE})"]
+    sup = ActorSupervisor([diverged, _sleeper(0, 60)], log_dir=str(tmp_path), max_restarts=5)
+    sup.start()
+    events = []
+    try:
+        assert _wait(lambda: events.extend(sup.poll()) or sup.diverged is not None)
+        assert sup.diverged == "actor process 0's policy gave NaN or infinite log-probabilities with parameters version 26"
+        assert sup.actors[0].given_up and sup.actors[0].restarts == 0
+        assert "the training run diverged; not restarting it" in events[0]
+        assert sup.alive == 1 and not sup.all_given_up  # the other keeps running until the launcher stops
+    finally:
+        sup.stop()
+
+
 def test_supervisor_stop_terminates_running_actors(tmp_path):
     sup = ActorSupervisor([_sleeper(0, 60), _sleeper(0, 60)], log_dir=str(tmp_path), max_restarts=1)
     sup.start()
@@ -518,6 +536,7 @@ def test_actors_run_with_several_processes_supervises_the_split(monkeypatch):
 
     class GivesUp:  # stands in for the supervisor: records what it would start, then gives up
         all_given_up = True
+        diverged = None
 
         def __init__(self, commands, max_restarts, env):
             seen.update(commands=commands, env=env)
@@ -539,6 +558,16 @@ def test_actors_run_with_several_processes_supervises_the_split(monkeypatch):
     parsed = [actors.run.build_parser().parse_args(cmd[3:]) for cmd in seen["commands"]]
     assert [(p.actors, p.nice) for p in parsed] == [(3, 3), (2, 3)]
     assert seen["env"]["IMPALA_REP_TOKEN"] == "s3cret" and seen["started"] and seen["stopped"]
+
+    # A process that found the run diverged stops the others and the exit status says so.
+    class Diverged(GivesUp):
+        all_given_up = False
+        diverged = "actor process 1's policy gave NaN or infinite log-probabilities with parameters version 3"
+
+    monkeypatch.setattr(actors.supervisor, "ActorSupervisor", Diverged)
+    seen.clear()
+    code = actors.run.main(["--learner-address", "127.0.0.1:1", "--actors", "2", "--actor-processes", "2"])
+    assert code == actors.supervisor.DIVERGED_EXIT_CODE and seen["stopped"]
 
 
 def test_actor_process_env_sets_one_thread_each_and_egl_unless_set(monkeypatch):
