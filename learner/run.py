@@ -382,6 +382,8 @@ class Trainer:
                 break
             if on_tick is not None:
                 extra = on_tick() or {}
+                if self.diverged is not None or (stop is not None and stop.is_set()):
+                    break  # the tick found the run diverged or over: no step, and no save, after it
             t0 = time.perf_counter()
             try:
                 batch = self.batcher.next_batch(timeout=1.0)

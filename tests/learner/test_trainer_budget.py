@@ -93,3 +93,32 @@ def test_a_checkpoint_without_the_training_time_resumes_from_zero_seconds(tmp_pa
         assert again.train_seconds() == 42.0 and int(again.agent_steps.numpy()) == 1234
     finally:
         again.close(save=False)
+
+
+def test_a_divergence_the_tick_reports_stops_training_and_saves_nothing_after_it(tmp_path, catch_spec, caplog):
+    """What the launcher does when an actor process finds the run diverged (its policy's
+    log-probabilities NaN or infinite with finite parameters): the trainer stops at that tick,
+    and close() writes nothing over the last checkpoint and export."""
+    trainer = Trainer(_config(tmp_path), catch_spec)
+    ticks = []
+
+    def tick():
+        ticks.append(time.monotonic())
+        if len(ticks) == 2:
+            trainer.mark_diverged("actor process 0's policy gave NaN or infinite log-probabilities with parameters version 3")
+        return {}
+
+    try:
+        trainer.save()
+        saved = sorted(os.listdir(os.path.join(tmp_path, "checkpoints")))
+        exported = open(os.path.join(tmp_path, "policy", "policy.json")).read()
+        with caplog.at_level("ERROR"):
+            trainer.train(_stop_after(10.0), on_tick=tick)  # no actors: each tick follows a 1-s wait
+        assert len(ticks) == 2  # it returned at the tick that reported it, not at the stop timer
+    finally:
+        trainer.close()
+    assert trainer.diverged.startswith("actor process 0's policy gave NaN or infinite log-probabilities with "
+                                       "parameters version 3: the run diverged and stopped without saving")
+    assert "Lower --learning-rate or --clip-norm" in caplog.text
+    assert sorted(os.listdir(os.path.join(tmp_path, "checkpoints"))) == saved
+    assert open(os.path.join(tmp_path, "policy", "policy.json")).read() == exported
