@@ -117,6 +117,8 @@ def choose_actor_nice(requested: Optional[int], learner: str, threads: int, core
     if requested is not None:
         return requested, "--actor-nice"
     if learner_fills_cores(learner, threads, cores):
+        if cores == 1:
+            return FILL_NICE, "the learner's thread fills the one core: the actors run in its gaps, while it waits for unrolls"
         return FILL_NICE, (f"the learner's {threads} threads fill the {cores} cores: the actors run in its gaps "
                            "and, while it waits for unrolls, on every core")
     return DEFAULT_ACTOR_NICE, "the learner runs first on the cores it shares with the actors"
