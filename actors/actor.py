@@ -88,6 +88,11 @@ class Actor:
       sink_many: instead of ``sink``: called once per unroll boundary with the list of the
         envs' finished unrolls, in env order (a transport can pack them into few messages).
       fetch_params: called between unrolls with the version the actor holds.
+      prefetch_params: called (no arguments) ``prefetch_lead`` steps before each unroll
+        boundary, to start the fetch that ``fetch_params`` then completes at the boundary
+        (``LearnerClient.prefetch_parameters``): the reply travels while the envs step.
+      prefetch_lead: steps before the boundary at which ``prefetch_params`` is called, from 0
+        (no prefetch: ``fetch_params`` asks at the boundary) to ``unroll_length - 1``.
       seed: seeds the action sampling.
       policy_version: the version of the parameters the network holds.
       desync_steps: before the first unroll, each env takes a random number in [0, N) of
@@ -109,6 +114,8 @@ class Actor:
         policy_version: int = 0,
         desync_steps: int = 0,
         sink_many: Optional[SinkMany] = None,
+        prefetch_params: Optional[Callable[[], None]] = None,
+        prefetch_lead: int = 0,
     ):
         if (sink is None) == (sink_many is None):
             raise ValueError("an actor needs exactly one of sink and sink_many.")
@@ -116,6 +123,13 @@ class Actor:
             raise ValueError("an actor needs at least one env.")
         if int(unroll_length) < 1:
             raise ValueError(f"unroll_length must be at least 1, got {unroll_length}.")
+        prefetch_lead = int(prefetch_lead)
+        if not 0 <= prefetch_lead < int(unroll_length):
+            raise ValueError(
+                f"prefetch_lead must be from 0 to unroll_length - 1 ({int(unroll_length) - 1}) steps, got {prefetch_lead}."
+            )
+        if prefetch_lead and (prefetch_params is None or fetch_params is None):
+            raise ValueError("a prefetch_lead above 0 needs both prefetch_params and fetch_params.")
         desync_steps = int(desync_steps)
         if desync_steps < 0:
             raise ValueError(f"desync_steps must be 0 or more, got {desync_steps}.")
@@ -127,6 +141,9 @@ class Actor:
         self._sink = sink
         self._sink_many = sink_many
         self._fetch_params = fetch_params
+        self._prefetch_params = prefetch_params
+        # After appending the step that makes the buffer this long, prefetch (None: never).
+        self._prefetch_at = self._T + 1 - prefetch_lead if prefetch_lead else None
         self._rng = np.random.default_rng(seed)
         self.policy_version = int(policy_version)
         self.stats = ActorStats()
@@ -209,11 +226,15 @@ class Actor:
         record["behaviour_log_prob"] = np.asarray(log_prob, np.float32)
         self._steps.append(record)
         emit_s = 0.0
+        if len(self._steps) == self._prefetch_at:
+            t_emit = clock()
+            self._prefetch_params()
+            emit_s += clock() - t_emit
         if len(self._steps) == self._T + 1:
             t_emit = clock()
             self._emit()
-            emit_s = clock() - t_emit
-            cpu["emit"] += emit_s
+            emit_s += clock() - t_emit
+        cpu["emit"] += emit_s
         env_actions = self._policy.to_env_action(np.asarray(action))
         t_env = clock()
         for i, env in enumerate(self._envs):

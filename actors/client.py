@@ -221,6 +221,7 @@ class LearnerClient:
         self._yielded: collections.deque = collections.deque(maxlen=int(outbox_size) + 1)
         self._handshake: Optional[Handshake] = None
         self._have_version = 0
+        self._prefetched: Optional[grpc.Future] = None  # prefetch_parameters' call in flight
         self._fatal: Optional[BaseException] = None
         self._closing = threading.Event()
         self._sender: Optional[threading.Thread] = None
@@ -353,19 +354,51 @@ class LearnerClient:
         self._raise_fatal()
         return True
 
+    def prefetch_parameters(self) -> None:
+        """Asks the learner for newer parameters without waiting for the answer.
+
+        The next :meth:`get_parameters` takes this answer (waiting only for what is left of
+        it) instead of asking then: an actor that prefetches a few steps before its unroll
+        boundary does not sit idle at the boundary while a reply of megabytes is produced and
+        sent. The answer is the newest version when the request was made. A prefetch that
+        fails is asked again, with the usual retries, by :meth:`get_parameters`. A second
+        prefetch before that call does nothing.
+        """
+        self._raise_fatal()
+        if self._prefetched is not None:
+            return
+        request = transport_pb2.GetParametersRequest(have_version=self._have_version)
+        self._prefetched = self._params_call.future(request, metadata=self._metadata, timeout=self._call_timeout)
+
     def get_parameters(self) -> Optional[Tuple[int, Dict[str, np.ndarray]]]:
         """(version, {name: array}) when the learner has newer parameters, else None.
 
-        Retries with backoff while the learner is away.
+        Takes the answer of a :meth:`prefetch_parameters` made since the last call, if any;
+        otherwise asks now. Retries with backoff while the learner is away.
         """
         self._raise_fatal()
-        request = transport_pb2.GetParametersRequest(have_version=self._have_version)
-        reply = self._retry(lambda: self._params_call(request, metadata=self._metadata, timeout=self._call_timeout))
+        reply = self._take_prefetched()
+        if reply is None:
+            request = transport_pb2.GetParametersRequest(have_version=self._have_version)
+            reply = self._retry(lambda: self._params_call(request, metadata=self._metadata, timeout=self._call_timeout))
         if reply.up_to_date or not reply.tensors:
             return None
         params = decode_tensors(reply.tensors)
         self._have_version = int(reply.version)
         return self._have_version, params
+
+    def _take_prefetched(self) -> Optional[Any]:
+        """The prefetched reply, or None when there was no prefetch or it failed retryably."""
+        pending, self._prefetched = self._prefetched, None
+        if pending is None:
+            return None
+        try:
+            return pending.result()
+        except grpc.RpcError as e:
+            fatal = self._classify(e)
+            if fatal is not None:
+                raise fatal from None
+            return None  # asked again, with retries, by the caller
 
     def interrupt(self) -> None:
         """Ends every wait for the learner now: a call retrying with backoff (the handshake,
@@ -380,6 +413,9 @@ class LearnerClient:
         if drain and self._sender is not None and self._fatal is None:
             self.flush(timeout)
         self._closing.set()
+        if self._prefetched is not None:
+            self._prefetched.cancel()
+            self._prefetched = None
         if not drain:
             self._discard = True
         if self._sender is not None:

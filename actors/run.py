@@ -9,7 +9,7 @@ Never imports TensorFlow.
 
 import os
 
-from impala_rep.config import DEFAULT_UNROLLS_PER_MESSAGE  # the standard library only
+from impala_rep.config import DEFAULT_PARAM_PREFETCH_STEPS, DEFAULT_UNROLLS_PER_MESSAGE  # the standard library only
 from impala_rep.plan import ACTOR_THREAD_ENV  # TensorFlow- and NumPy-free
 
 # Entry point: one BLAS/OpenMP thread per actor process and llvmpipe rendering in the
@@ -65,8 +65,12 @@ class StatsReporter(threading.Thread):
             before, t0 = after, t1
 
 
-def build_actor(client, num_envs: int, seed: int):
-    """Makes envs, network and policy from the handshake; returns an :class:`Actor`."""
+def build_actor(client, num_envs: int, seed: int, prefetch_lead: int = DEFAULT_PARAM_PREFETCH_STEPS):
+    """Makes envs, network and policy from the handshake; returns an :class:`Actor`.
+
+    ``prefetch_lead``: the steps before each unroll boundary at which the actor asks for newer
+    parameters (0: at the boundary, waiting for the reply); at most the unroll length - 1.
+    """
     import envs
     from actors.actor import Actor
     from impala_rep.distributions import make_policy
@@ -129,8 +133,10 @@ def build_actor(client, num_envs: int, seed: int):
         fresh = client.get_parameters()
         return (have_version, None) if fresh is None else fresh
 
+    lead = min(int(prefetch_lead), hs.unroll_length - 1)
     return Actor(env_list, network, policy, hs.unroll_length, frame_stack, sink_many=sink_many, fetch_params=fetch,
-                 seed=seed, policy_version=version, desync_steps=desync)
+                 seed=seed, policy_version=version, desync_steps=desync,
+                 prefetch_params=client.prefetch_parameters if lead else None, prefetch_lead=lead)
 
 
 def lower_priority(nice: int) -> str:
@@ -191,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--unrolls-per-message", type=int, default=DEFAULT_UNROLLS_PER_MESSAGE,
                         help=f"unrolls packed into one gRPC message (default {DEFAULT_UNROLLS_PER_MESSAGE}; "
                              "1: one per message)")
+    parser.add_argument("--param-prefetch-steps", type=int, default=DEFAULT_PARAM_PREFETCH_STEPS, metavar="N",
+                        help=f"ask the learner for newer parameters N agent steps before each unroll boundary, so "
+                             f"the reply arrives while the envs step (default {DEFAULT_PARAM_PREFETCH_STEPS}; 0: ask at "
+                             "the boundary and wait for it; at most the unroll length - 1 is used)")
     parser.add_argument("--nice", type=int, default=0,
                         help="lower the actor processes' CPU priority by this much, 0-19, so that a learner on "
                              "the same machine gets the CPU first (default 0; the launcher passes 10)")
@@ -212,6 +222,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"--nice must be between 0 and 19, got {args.nice}.")
     if args.unrolls_per_message < 1:
         parser.error(f"--unrolls-per-message must be at least 1, got {args.unrolls_per_message}.")
+    if args.param_prefetch_steps < 0:
+        parser.error(f"--param-prefetch-steps must be 0 or more agent steps, got {args.param_prefetch_steps}.")
     if not args.give_up_after > 0:  # NaN and 0 too; inf is "never"
         parser.error(f"--give-up-after must be a positive number of seconds (or inf: never), got {args.give_up_after}.")
     if args.max_actor_restarts < 0:
@@ -243,7 +255,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        actor = build_actor(client, args.actors, args.seed)
+        actor = build_actor(client, args.actors, args.seed, args.param_prefetch_steps)
         log.info("%s: %d env(s), policy version %d, streaming to %s, %s",
                  actor_id, args.actors, actor.policy_version, args.learner_address, priority)
         StatsReporter(actor_id, actor.stats, stop).start()
@@ -275,7 +287,7 @@ def _supervise(args, token: Optional[str]) -> int:
     commands = actor_process_commands(
         args.learner_address, split_envs(args.actors, args.actor_processes), args.seed,
         id_prefix=args.actor_id or "actor", nice=args.nice, tls_ca=args.tls_ca, give_up_after=args.give_up_after,
-        unrolls_per_message=args.unrolls_per_message)
+        unrolls_per_message=args.unrolls_per_message, param_prefetch_steps=args.param_prefetch_steps)
     env = dict(os.environ)
     if token:
         env["IMPALA_REP_TOKEN"] = token

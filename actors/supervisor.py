@@ -41,6 +41,7 @@ def actor_process_commands(
     tls_ca: Optional[str] = None,
     give_up_after: Optional[float] = None,
     unrolls_per_message: Optional[int] = None,
+    param_prefetch_steps: Optional[int] = None,
 ) -> List[List[str]]:
     """The ``python -m actors.run`` command of each actor process: process ``i`` hosts
     ``envs_per_process[i]`` envs, is called ``{id_prefix}-{i}`` and seeds them from
@@ -58,6 +59,8 @@ def actor_process_commands(
             cmd += ["--tls-ca", tls_ca]
         if unrolls_per_message is not None:
             cmd += ["--unrolls-per-message", str(unrolls_per_message)]
+        if param_prefetch_steps is not None:
+            cmd += ["--param-prefetch-steps", str(param_prefetch_steps)]
         commands.append(cmd)
     return commands
 

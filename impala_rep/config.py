@@ -12,13 +12,17 @@ import json
 import math
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "DEFAULT_UNROLLS_PER_MESSAGE", "DEFAULT_PARAM_REFRESH_LAG", "MAX_PARAM_REFRESH_LAG", "NEVER_KEYS", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
+__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "DEFAULT_UNROLLS_PER_MESSAGE", "DEFAULT_PARAM_PREFETCH_STEPS", "DEFAULT_PARAM_REFRESH_LAG", "MAX_PARAM_REFRESH_LAG", "NEVER_KEYS", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
 
 # What actor processes give up in CPU priority unless told (the launcher may choose 0).
 DEFAULT_ACTOR_NICE = 10
 # Unrolls an actor process packs into one gRPC message unless told (docs/BENCHMARKS.md,
 # twenty-fifth session: fewer, larger messages cost gRPC less CPU per byte).
 DEFAULT_UNROLLS_PER_MESSAGE = 8
+# Agent steps before each unroll boundary at which an actor asks for newer parameters, so the
+# reply (megabytes) travels while its envs step instead of while it waits at the boundary
+# (``actors.run --param-prefetch-steps``; 0: ask at the boundary and wait).
+DEFAULT_PARAM_PREFETCH_STEPS = 2
 # Versions an actor may fall behind the learner before it is sent new parameters
 # (``--param-refresh-lag``; learner/params.py); the bound keeps a mistyped lag from leaving
 # actors on their first parameters for a whole run.

@@ -424,3 +424,42 @@ def test_non_finite_observations_are_the_envs_fault_not_a_divergence():
     actor._timesteps[0] = dm_env.restart({**actor._timesteps[0].observation, key: bad})
     with pytest.raises(ValueError, match=f"NaN or infinite values in observation '{key}'"), np.errstate(invalid="ignore"):
         actor.step()
+
+
+def test_prefetch_asks_lead_steps_before_each_boundary_and_fetch_completes_it_there():
+    T, E, lead = 5, 2, 2
+    events = []  # ("prefetch" | "fetch", agent steps taken so far, unrolls emitted so far)
+    actor = None
+
+    def prefetch():
+        events.append(("prefetch", actor.stats.steps, actor.stats.unrolls))
+
+    def fetch(have):
+        events.append(("fetch", actor.stats.steps, actor.stats.unrolls))
+        return have, None
+
+    env_list = [envs.make("catch", seed=i) for i in range(E)]
+    spec = env_spec_from_dm_env(env_list[0])
+    config = NetworkConfig()
+    actor = Actor(env_list, NumpyNetwork(config, spec.observations, spec.action), make_policy(spec.action, config),
+                  T, {}, sink=lambda u: None, fetch_params=fetch, prefetch_params=prefetch, prefetch_lead=lead, seed=0)
+    actor.run(max_steps=E * (3 * T + 1))
+    # The first unroll's boundary is its step T+1 (index T); later ones come every T steps.
+    # A prefetch comes `lead` steps before each, then the fetch at the boundary, in turn.
+    boundaries = [T + k * T for k in range(3)]
+    assert events == [e for b in boundaries
+                      for e in (("prefetch", E * (b - lead), 0 if b == T else E * (b // T - 1)),
+                                ("fetch", E * b, E * (b // T)))]
+
+
+@pytest.mark.parametrize("lead, fetch, prefetch, match", [
+    (-1, True, True, "prefetch_lead must be from 0 to unroll_length - 1 \\(3\\) steps, got -1"),
+    (4, True, True, "prefetch_lead must be from 0 to unroll_length - 1 \\(3\\) steps, got 4"),
+    (2, True, False, "needs both prefetch_params and fetch_params"),
+    (2, False, True, "needs both prefetch_params and fetch_params"),
+])
+def test_actor_rejects_a_prefetch_lead_it_cannot_honour(lead, fetch, prefetch, match):
+    env = envs.make("catch", seed=0)
+    with pytest.raises(ValueError, match=match):
+        Actor([env], None, None, 4, {}, sink=print, fetch_params=(lambda h: (h, None)) if fetch else None,
+              prefetch_params=(lambda: None) if prefetch else None, prefetch_lead=lead)

@@ -319,6 +319,21 @@ def test_actor_nice_flag_is_checked(capsys):
     with pytest.raises(SystemExit):
         main(["--learner-address", "127.0.0.1:1", "--unrolls-per-message", "0"])
     assert "--unrolls-per-message must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--learner-address", "127.0.0.1:1", "--param-prefetch-steps", "-1"])
+    assert "--param-prefetch-steps must be 0 or more agent steps, got -1" in capsys.readouterr().err
+
+
+def test_param_prefetch_steps_reach_the_actor_processes_a_supervising_actor_starts():
+    from actors.run import build_parser as actor_parser
+    from actors.supervisor import actor_process_commands
+    from impala_rep.config import DEFAULT_PARAM_PREFETCH_STEPS
+
+    assert actor_parser().parse_args(["--learner-address", "h:1"]).param_prefetch_steps == DEFAULT_PARAM_PREFETCH_STEPS
+    commands = actor_process_commands("127.0.0.1:1", [2, 2], seed=0, param_prefetch_steps=0)
+    assert [actor_parser().parse_args(cmd[3:]).param_prefetch_steps for cmd in commands] == [0, 0]
+    commands = actor_process_commands("127.0.0.1:1", [2], seed=0)
+    assert "--param-prefetch-steps" not in commands[0]  # the child's own default
 
 
 def test_unrolls_per_message_reaches_the_actor_processes(capsys):

@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 
@@ -85,6 +86,53 @@ def test_refresh_lag_sends_parameters_only_to_callers_that_many_versions_behind(
         assert m["parameter_requests"] == 4 and m["parameters_sent"] == 2
     finally:
         server.stop()
+
+
+def test_a_prefetch_brings_the_version_newest_when_it_was_asked_and_get_takes_it():
+    server = start_server()
+    publish = lambda v: server.params.publish({"w": np.full(4, v, np.float32)})  # noqa: E731
+    try:
+        with LearnerClient(server.address, give_up_after_s=5) as client:
+            publish(1)
+            client.prefetch_parameters()
+            wait_for(lambda: server.snapshot_metrics()["parameters_sent"] == 1, 10, "the prefetch's reply")
+            client.prefetch_parameters()  # one in flight already: not asked again
+            publish(2)
+            version, params = client.get_parameters()  # the prefetched answer, not a new call
+            assert version == 1 and params["w"][0] == 1
+            client.prefetch_parameters()
+            version, params = client.get_parameters()  # asked holding 1: the newest
+            assert version == 2 and params["w"][0] == 2
+            client.prefetch_parameters()
+            assert client.get_parameters() is None  # up to date
+        m = server.snapshot_metrics()
+        assert m["parameter_requests"] == 3 and m["parameters_sent"] == 2
+    finally:
+        server.stop()
+
+
+def test_a_prefetch_that_fails_is_asked_again_with_retries():
+    server = start_server()
+    port = server.port
+    server.params.publish({"w": np.full(4, 5, np.float32)})
+    client = LearnerClient(server.address, backoff_initial_s=0.05, backoff_max_s=0.2, give_up_after_s=30)
+    try:
+        client.connect()
+        server.stop(0)
+        client.prefetch_parameters()  # fails: nothing listens now
+        call = client._prefetched
+        wait_for(call.done, 10, "the prefetch to fail")
+        assert call.exception() is not None and call.exception().code() == grpc.StatusCode.UNAVAILABLE
+        server2 = start_server(port=port)
+        try:
+            server2.params.publish({"w": np.full(4, 9, np.float32)})
+            version, params = client.get_parameters()
+            assert version == 1 and params["w"][0] == 9
+            assert server2.snapshot_metrics()["parameters_sent"] == 1
+        finally:
+            server2.stop()
+    finally:
+        client.close(drain=False)
 
 
 def test_parameter_store_reply_and_its_checks():
