@@ -394,6 +394,8 @@ class LearnerClient:
             return None
         try:
             return pending.result()
+        except grpc.FutureCancelledError:
+            raise TransportError("the parameter fetch was cancelled: this client is closing.") from None
         except grpc.RpcError as e:
             fatal = self._classify(e)
             if fatal is not None:

@@ -111,6 +111,22 @@ def test_a_prefetch_brings_the_version_newest_when_it_was_asked_and_get_takes_it
         server.stop()
 
 
+def test_a_prefetch_cancelled_by_a_closing_client_ends_the_fetch_with_a_sentence():
+    # A socket that accepts connections and never answers: the prefetch stays in flight.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    try:
+        client = LearnerClient(f"127.0.0.1:{silent.getsockname()[1]}", give_up_after_s=5)
+        client.prefetch_parameters()
+        assert client._prefetched.cancel()  # what close() does to a prefetch in flight
+        with pytest.raises(TransportError, match="the parameter fetch was cancelled: this client is closing"):
+            client.get_parameters()
+        client.close(drain=False)
+    finally:
+        silent.close()
+
+
 def test_a_prefetch_that_fails_is_asked_again_with_retries():
     server = start_server()
     port = server.port
