@@ -136,7 +136,7 @@ def build_actor(client, num_envs: int, seed: int, prefetch_lead: int = DEFAULT_P
     lead = min(int(prefetch_lead), hs.unroll_length - 1)
     return Actor(env_list, network, policy, hs.unroll_length, frame_stack, sink_many=sink_many, fetch_params=fetch,
                  seed=seed, policy_version=version, desync_steps=desync,
-                 prefetch_params=client.prefetch_parameters if lead else None, prefetch_lead=lead)
+                 prefetch_params=client.prefetch_parameters, prefetch_lead=lead)
 
 
 def lower_priority(nice: int) -> str:
