@@ -57,6 +57,37 @@ def test_distribute_splits_the_batch_axis_in_replica_order(replicator):
         np.testing.assert_array_equal(shard, x[:, r * 8 // n:(r + 1) * 8 // n])
 
 
+def test_distribute_gives_each_replica_its_slice_on_every_axis(replicator):
+    """Per-entry axes (0, 1 and a negative one), eagerly and inside tf.function."""
+    n = replicator.num_replicas
+    batch = {
+        "obs": np.arange(3 * 4 * n * 5, dtype=np.uint8).reshape(3, 4 * n, 5),
+        "state": np.arange(2 * n * 3, dtype=np.float32).reshape(2 * n, 3),
+        "last": np.arange(2 * 3 * n, dtype=np.int32).reshape(2, 3 * n),
+    }
+    axes = {"obs": 1, "state": 0, "last": -1}
+    expected = [
+        {
+            "obs": batch["obs"][:, 4 * r:4 * (r + 1)],
+            "state": batch["state"][2 * r:2 * (r + 1)],
+            "last": batch["last"][:, 3 * r:3 * (r + 1)],
+        }
+        for r in range(n)
+    ]
+
+    @tf.function
+    def traced(b):
+        return replicator.run(lambda shard: shard, (replicator.distribute(b, axis=axes),))
+
+    for dist in (replicator.distribute(batch, axis=axes), traced(batch)):
+        for key in batch:
+            shards = _per_replica(replicator, dist[key])
+            assert len(shards) == n
+            for r, shard in enumerate(shards):
+                assert shard.dtype == batch[key].dtype
+                np.testing.assert_array_equal(shard, expected[r][key])
+
+
 def test_collectives_give_documented_values_on_every_replica(replicator):
     n = replicator.num_replicas
 
