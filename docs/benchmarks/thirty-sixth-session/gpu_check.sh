@@ -53,8 +53,10 @@ $B --torso shallow --xla | tee "$OUTD/learner_gpu_xla.json"
 # End to end: the synthetic workload's env through real actor processes and gRPC into the GPU learner.
 # (The session's first try named the env id "synthetic", which the launcher refused; the runs
 # below were made in two further calls on the same warm machine, with the same environment.)
-L="timeout 130 python3 scripts/bench_launch.py --env benchmark:synthetic_env --warmup 20 --seconds 30 --learner gpu --json"
-$L --actors 64 128 | tee "$OUTD/launch_synthetic_gpu_64_128.json"
-$L --actors 128 --learner-threads 4 | tee "$OUTD/launch_gpu_threads4.json"
-$L --actors 128 --learner-threads 4 --batch-size 128 | tee "$OUTD/launch_gpu_threads4_b128.json"
+# Each bench_launch run takes about 70 s (start-up, 20 s warm-up, 30 s window, stop); the
+# limits are those the runs were made under.
+L="python3 scripts/bench_launch.py --env benchmark:synthetic_env --warmup 20 --seconds 30 --learner gpu --json"
+timeout 280 $L --actors 64 128 | tee "$OUTD/launch_synthetic_gpu_64_128.json"
+timeout 120 $L --actors 128 --learner-threads 4 | tee "$OUTD/launch_gpu_threads4.json"
+timeout 120 $L --actors 128 --learner-threads 4 --batch-size 128 | tee "$OUTD/launch_gpu_threads4_b128.json"
 echo "all took $(( $(date +%s) - t0 )) s"
