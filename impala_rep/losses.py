@@ -160,6 +160,11 @@ def impala_loss(
             "num_transitions": tf.reduce_sum(mask),
             "entropy_sum": tf.reduce_sum(mask * tf.stop_gradient(terms.entropy)),
             "rho_sum": tf.reduce_sum(rhos),
+            # How far the data are off-policy: 0 when the actors acted with the learner's
+            # parameters (policy lag 0) and the two backends agree.
+            "abs_log_rho_sum": tf.reduce_sum(
+                tf.where(mask > 0, tf.abs(tf.stop_gradient(terms.log_rhos)), tf.zeros_like(mask))
+            ),
             "clipped_rho_sum": (
                 tf.reduce_sum(mask * tf.cast(rhos > config.clip_rho_threshold, tf.float32))
                 if config.clip_rho_threshold is not None

@@ -167,6 +167,23 @@ def test_pixel_dm_control_trains_a_few_updates_end_to_end(tmp_path):
     assert len(frames) == report["lengths"][0] + 1 and frames[0].shape == (84, 84, 3)
 
 
+def test_actors_act_with_the_learners_policy_on_pixels(tmp_path):
+    # At a learning rate of ~0 the parameters never change, so the learner's log-probabilities
+    # of the actions taken must equal the actors' (NumPy backend, frames stacked from single
+    # frames and the unroll's frame prefix, across episode starts): |log rho| near 0. A
+    # mismatch between the backends or in the stacking would make every update off-policy.
+    logdir = str(tmp_path / "run")
+    proc = launch("--env", "dmc/cartpole-swingup", "--actors", "4", "--batch-size", "4", "--unroll-length", "20",
+                  "--total-steps", "4000", "--learning-rate", "1e-12", "--log-interval", "1", "--logdir", logdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = metrics(logdir)
+    # At least 2400 agent steps of 4 envs in the last record: 600 per env, past an episode end
+    # (250 agent steps each, the first one partly spent by the desync) in every env.
+    assert records[-1]["agent_steps"] >= 2400 and records[-1]["episodes_in_window"] >= 4, records[-1]
+    worst = max(r["loss/abs_log_rho_mean"] for r in records)
+    assert worst < 1e-4, [r["loss/abs_log_rho_mean"] for r in records]
+
+
 def test_replay_trains_on_more_unrolls_than_the_actors_send(tmp_path):
     logdir = str(tmp_path / "run")
     proc = launch(*CATCH, "--actors", "2", "--total-steps", "8000", "--replay-ratio", "0.5", "--logdir", logdir)
