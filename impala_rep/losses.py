@@ -151,7 +151,8 @@ def impala_loss(
         entropy_loss = -tf.reduce_sum(mask * terms.entropy)
         loss = pg_loss + config.baseline_cost * baseline_loss + config.entropy_cost * entropy_loss
 
-        rhos = tf.exp(tf.stop_gradient(terms.log_rhos))  # 0 where masked
+        log_rhos = tf.stop_gradient(terms.log_rhos)  # -inf where masked
+        rhos = tf.exp(log_rhos)  # 0 where masked
         metrics = {
             "loss": loss,
             "pg_loss": pg_loss,
@@ -162,9 +163,7 @@ def impala_loss(
             "rho_sum": tf.reduce_sum(rhos),
             # How far the data are off-policy: 0 when the actors acted with the learner's
             # parameters (policy lag 0) and the two backends agree.
-            "abs_log_rho_sum": tf.reduce_sum(
-                tf.where(mask > 0, tf.abs(tf.stop_gradient(terms.log_rhos)), tf.zeros_like(mask))
-            ),
+            "abs_log_rho_sum": tf.reduce_sum(tf.where(mask > 0, tf.abs(log_rhos), tf.zeros_like(mask))),
             "clipped_rho_sum": (
                 tf.reduce_sum(mask * tf.cast(rhos > config.clip_rho_threshold, tf.float32))
                 if config.clip_rho_threshold is not None

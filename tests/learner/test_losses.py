@@ -121,6 +121,11 @@ def test_matches_numpy_reference(config):
     assert metrics["num_transitions"].numpy() == 10  # 12 transitions, two start at a LAST step
     for key in ("loss", "pg_loss", "baseline_loss", "entropy_loss", "entropy_sum", "rho_sum", "vs_sum"):
         assert metrics[key].shape == () and np.isfinite(metrics[key].numpy())
+    # |log rho| summed over the transitions that do not start at a LAST step.
+    target_lp = np.take_along_axis(special.log_softmax(logits, -1), batch["action"][..., None], -1)[..., 0]
+    log_rho = (target_lp - batch["behaviour_log_prob"])[:-1]
+    np.testing.assert_allclose(metrics["abs_log_rho_sum"].numpy(), np.abs(log_rho)[step_type[:-1] != STEP_LAST].sum(),
+                               rtol=1e-5)
 
 
 def test_reward_scale_and_clip_act_on_the_rewards_the_loss_sees():
@@ -159,6 +164,7 @@ def test_frozen_hand_checked_loss():
     np.testing.assert_allclose(m["entropy_loss"].numpy(), -1.098612, rtol=1e-5)
     np.testing.assert_allclose(loss.numpy(), 1.684539 + 0.5 * 1.175556 - 0.01 * 1.098612, rtol=1e-5)
     np.testing.assert_allclose(m["rho_sum"].numpy(), 2.0 / 3.0, rtol=1e-5)
+    np.testing.assert_allclose(m["abs_log_rho_sum"].numpy(), np.log(1.5), rtol=1e-5)  # |ln(2/3)|
 
 
 def test_termination_cuts_the_bootstrap():
