@@ -34,6 +34,9 @@ NEVER_KEYS = ("checkpoint_interval_s", "log_interval_s")
 LEARNER_KINDS = ("cpu", "gpu", "tpu", "auto")
 # What the learner's network torsos compute in; variables and gradients are float32 either way.
 LEARNER_PRECISIONS = ("float32", "bfloat16")
+# Whether the learner publishes each step's parameters on a thread of its own, overlapping
+# the next step (``--overlap-publish``): auto is on for GPU and TPU learners, off on CPUs.
+OVERLAP_PUBLISH = ("auto", "on", "off")
 
 
 class ConfigError(ValueError):
@@ -101,6 +104,7 @@ class RunConfig:
     param_refresh_lag: int = DEFAULT_PARAM_REFRESH_LAG
     jit_compile: bool = False
     learner_precision: str = "float32"
+    overlap_publish: str = "auto"
     replay_ratio: float = 0.0
     replay_unrolls: Optional[int] = None
     eval_episodes: int = 0
@@ -128,6 +132,10 @@ class RunConfig:
         if self.learner_precision not in LEARNER_PRECISIONS:
             raise ConfigError(
                 f"learner-precision must be one of {', '.join(LEARNER_PRECISIONS)}, got {self.learner_precision!r}."
+            )
+        if self.overlap_publish not in OVERLAP_PUBLISH:
+            raise ConfigError(
+                f"overlap-publish must be one of {', '.join(OVERLAP_PUBLISH)}, got {self.overlap_publish!r}."
             )
         if self.replicas is not None and self.batch_size % self.replicas:
             raise ConfigError(

@@ -7,7 +7,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional
 
-from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_PARAM_REFRESH_LAG, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, RunConfig, replayed_per_batch
+from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_PARAM_REFRESH_LAG, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError"]
 
@@ -150,6 +150,10 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="what the learner network's torsos compute in: float32 (default) or bfloat16 (mixed "
                         "precision: variables, gradients and the actors' parameters stay float32). bfloat16 is "
                         "fast on TPUs, recent GPUs and CPUs with AVX512-BF16 or AMX, and slow where it is emulated")
+    g.add_argument("--overlap-publish", choices=OVERLAP_PUBLISH, default="auto",
+                   help="check and encode each step's parameters for the actors on a thread of their own, while "
+                        "the next step runs: auto (default) does on GPU and TPU learners, whose device would "
+                        "otherwise wait for the host; on CPUs, whose cores the step already fills, it does not")
     g.add_argument("--replay-ratio", type=_finite_float, default=0.0, metavar="R",
                    help="share of each batch drawn from recently trained-on unrolls, 0 <= R < 1 (IMPALA's "
                         "experience replay; V-trace corrects for the older policies); default 0: none")
@@ -342,6 +346,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         param_refresh_lag=getattr(args, "param_refresh_lag", DEFAULT_PARAM_REFRESH_LAG),
         jit_compile=args.jit,
         learner_precision=args.learner_precision,
+        overlap_publish=getattr(args, "overlap_publish", "auto"),
         replay_ratio=args.replay_ratio,
         replay_unrolls=args.replay_unrolls,
         eval_episodes=args.eval_episodes,

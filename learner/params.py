@@ -100,3 +100,97 @@ class ParameterStore:
         """Blocks until a version >= ``version`` is published; False on timeout."""
         with self._changed:
             return self._changed.wait_for(lambda: self._version >= version, timeout)
+
+
+class BackgroundPublisher:
+    """Publishes into a :class:`ParameterStore` on a thread of its own, so that checking and
+    serialising one learner step's parameters overlaps the next step (``--overlap-publish``).
+
+    A learner on a GPU or TPU sits idle while the host checks the parameters it read back,
+    copies them and encodes the actors' reply: 13-15% of its time at batches of 32 on an H200
+    (BENCHMARKS.md, thirty-sixth session). Here that work runs while the device computes the
+    next step; TensorFlow releases the GIL while a step runs.
+
+    :meth:`submit` hands over a step's snapshot; one that has not been taken yet when the
+    next arrives is dropped for it (versions still grow, and actors always get the newest).
+    Each snapshot is first passed to ``check`` (the learner's finite check): one that fails is
+    not published, nothing is published after it, and :attr:`failed` holds its version. An
+    error in the thread is raised again by the next :meth:`submit` or :meth:`flush`.
+    :meth:`flush` waits until everything submitted is published (or failed); :meth:`close`
+    flushes and ends the thread.
+    """
+
+    def __init__(self, store: ParameterStore, check=None, name: str = "param-publisher"):
+        self._store = store
+        self._check = check
+        self._cond = threading.Condition()
+        self._pending: Optional[Tuple[int, Mapping[str, np.ndarray]]] = None
+        self._busy = False
+        self._closed = False
+        self._error: Optional[BaseException] = None
+        self.failed: Optional[int] = None
+        self.published = 0  # snapshots published
+        self.dropped = 0  # snapshots replaced by a newer one before they were taken
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, version: int, params: Mapping[str, np.ndarray]) -> None:
+        """Queues ``params`` as ``version`` (the arrays must not change afterwards)."""
+        with self._cond:
+            self._raise_error()
+            if self._closed:
+                raise RuntimeError("the parameter publisher is closed.")
+            if self.failed is not None:
+                return  # after a snapshot failed its check nothing more is published
+            if self._pending is not None:
+                self.dropped += 1
+            self._pending = (int(version), params)
+            self._cond.notify_all()
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Waits until every submitted snapshot is published or failed; False on timeout."""
+        with self._cond:
+            done = self._cond.wait_for(
+                lambda: self._error is not None or not self._thread.is_alive()
+                or (self._pending is None and not self._busy), timeout)
+            self._raise_error()
+            return done
+
+    def close(self, timeout: Optional[float] = 30.0) -> None:
+        """Publishes what is pending, then ends the thread."""
+        try:
+            self.flush(timeout)
+        finally:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._thread.join(timeout)
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"publishing the learner's parameters failed: {error}") from error
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None or self._closed)
+                if self._pending is None:
+                    return  # closed, nothing left
+                (version, params), self._pending = self._pending, None
+                self._busy = True
+            try:
+                if self._check is not None and not self._check(params):
+                    with self._cond:
+                        self.failed = version
+                        self._pending = None
+                else:
+                    self._store.publish(params, version=version)
+                    self.published += 1
+            except BaseException as exc:  # handed to the training loop's thread
+                with self._cond:
+                    self._error = exc
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()

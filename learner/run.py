@@ -120,7 +120,7 @@ class Trainer:
 
         from learner.batcher import Batcher, PrefetchingBatcher
         from learner.evaluator import PolicyEvaluator
-        from learner.params import ParameterStore
+        from learner.params import BackgroundPublisher, ParameterStore
         from learner.queue import UnrollQueue
         from learner.server import LearnerServer
 
@@ -138,6 +138,13 @@ class Trainer:
         self.queue = UnrollQueue(capacity=self._queue_capacity)
         self.params = ParameterStore()
         self.params.publish(self.step.get_params()[1], version=self.learner_step + 1)
+        # --overlap-publish: each step's parameters are checked and encoded for the actors on a
+        # thread of their own while the next step runs (auto: on GPU and TPU learners).
+        self.overlap_publish = config.overlap_publish == "on" or (
+            config.overlap_publish == "auto" and self.replicator.kind != "cpu")
+        self._publisher: Optional[BackgroundPublisher] = (
+            BackgroundPublisher(self.params, check=params_finite) if self.overlap_publish else None)
+        self._submitted: collections.deque = collections.deque(maxlen=8)  # (version, metrics) handed to it
         self.server = LearnerServer(
             self.unroll_spec,
             config.unroll_length,
@@ -323,7 +330,7 @@ class Trainer:
     def _release(self) -> None:
         """Closes what the trainer opened, the run directory's lock last; also after a start
         that failed part of the way (a part it did not reach is skipped)."""
-        for name in ("evaluator", "server", "queue", "batcher", "_metrics_file", "_writer", "_lock_file"):
+        for name in ("_publisher", "evaluator", "server", "queue", "batcher", "_metrics_file", "_writer", "_lock_file"):
             part = getattr(self, name, None)
             if part is not None:
                 part.stop() if name == "server" else part.close()
@@ -357,6 +364,7 @@ class Trainer:
         try:
             return self._train(stop, on_tick, max_learner_steps)
         finally:
+            self._settle_publisher()
             self.step.set_train_seconds(self.train_seconds())
             self._clock = None
             if self.out_of_time():
@@ -399,14 +407,22 @@ class Trainer:
             # The step and the read of its parameters for the actors, in one call.
             metrics, (step, params) = self.step.train_and_read(batch.tensors)
             t2 = time.perf_counter()
-            if not params_finite(params):
+            if self._publisher is not None:
+                if not self._settle_publisher(wait=False):
+                    break  # an earlier step's parameters were not finite
+            elif not params_finite(params):
                 self._stop_diverged(step, metrics)
                 break
             # Agent steps count what the actors produced: replayed unrolls were counted when fresh.
             self.agent_steps.assign_add(cfg.unroll_length * batch.fresh)
             replayed += batch.batch_size - batch.fresh
             trained += batch.batch_size
-            version = self.params.publish(params, version=step + 1)
+            version = step + 1
+            if self._publisher is not None:
+                self._publisher.submit(version, params)
+                self._submitted.append((version, metrics))
+            else:
+                self.params.publish(params, version=version)
             t3 = time.perf_counter()
             self._timing["wait_batch"] += t1 - t0
             self._timing["train"] += t2 - t1
@@ -424,10 +440,28 @@ class Trainer:
                 self._log_progress(record)
                 window_t, window_steps, window_agent = now, self.learner_step, int(self.agent_steps.numpy())
             if now - self._last_checkpoint >= cfg.checkpoint_interval_s:
+                if not self._settle_publisher():
+                    break  # a checkpoint holds only parameters that passed the finite check
                 self.save()
             if self.evaluator is not None:
                 self._report_eval(self.evaluator.poll())
         return self.last_metrics
+
+    def _settle_publisher(self, wait: bool = True) -> bool:
+        """With --overlap-publish: waits (unless not ``wait``) until the publisher has handled
+        every step handed to it, and stops the run as diverged if one failed the finite check.
+        True when training may go on (always without the publisher)."""
+        if self._publisher is None:
+            return True
+        if wait:
+            self._publisher.flush()
+        failed = self._publisher.failed
+        if failed is None:
+            return True
+        if self.diverged is None:
+            metrics = next((m for v, m in self._submitted if v == failed), {})
+            self._stop_diverged(failed - 1, metrics)
+        return False
 
     def _stop_diverged(self, step: int, metrics) -> None:
         losses = ", ".join(f"{k} {float(np.asarray(v)):.4g}" for k, v in sorted(metrics.items()) if "loss" in k)
