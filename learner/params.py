@@ -19,6 +19,7 @@ Usage::
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Dict, Mapping, Optional, Tuple
 
@@ -28,7 +29,9 @@ from impala_rep.config import MAX_PARAM_REFRESH_LAG
 from impala_rep.proto import transport_pb2
 from impala_rep.wire import encode_tensor
 
-__all__ = ["ParameterStore"]
+__all__ = ["BackgroundPublisher", "ParameterStore"]
+
+log = logging.getLogger("impala_rep.learner")
 
 
 class ParameterStore:
@@ -157,14 +160,16 @@ class BackgroundPublisher:
             return done
 
     def close(self, timeout: Optional[float] = 30.0) -> None:
-        """Publishes what is pending, then ends the thread."""
-        try:
-            self.flush(timeout)
-        finally:
-            with self._cond:
-                self._closed = True
-                self._cond.notify_all()
-            self._thread.join(timeout)
+        """Publishes what is pending, then ends the thread. Raises nothing (it runs while a
+        learner shuts down): an error not yet raised to a caller is logged."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        with self._cond:
+            if self._error is not None:
+                log.error("publishing the learner's parameters failed: %s", self._error)
+                self._error = None
 
     def _raise_error(self) -> None:
         if self._error is not None:
