@@ -120,7 +120,7 @@ class BackgroundPublisher:
     not published, nothing is published after it, and :attr:`failed` holds its version. An
     error in the thread is raised again by the next :meth:`submit` or :meth:`flush`.
     :meth:`flush` waits until everything submitted is published (or failed); :meth:`close`
-    flushes and ends the thread.
+    publishes what is pending and ends the thread, raising nothing.
     """
 
     def __init__(self, store: ParameterStore, check=None, name: str = "param-publisher"):
