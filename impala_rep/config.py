@@ -37,6 +37,10 @@ LEARNER_PRECISIONS = ("float32", "bfloat16")
 # Whether the learner publishes each step's parameters on a thread of its own, overlapping
 # the next step (``--overlap-publish``): auto is on for GPU and TPU learners, off on CPUs.
 OVERLAP_PUBLISH = ("auto", "on", "off")
+# Where the learner's intake (gRPC service, unroll queue, batcher, parameter store) runs
+# (``--intake``): in the learner's process (thread) or a child process of its own (process);
+# auto is process for GPU and TPU learners, thread on CPUs.
+INTAKES = ("auto", "thread", "process")
 
 
 class ConfigError(ValueError):
@@ -105,6 +109,7 @@ class RunConfig:
     jit_compile: bool = False
     learner_precision: str = "float32"
     overlap_publish: str = "auto"
+    intake: str = "auto"
     replay_ratio: float = 0.0
     replay_unrolls: Optional[int] = None
     eval_episodes: int = 0
@@ -137,6 +142,8 @@ class RunConfig:
             raise ConfigError(
                 f"overlap-publish must be one of {', '.join(OVERLAP_PUBLISH)}, got {self.overlap_publish!r}."
             )
+        if self.intake not in INTAKES:
+            raise ConfigError(f"intake must be one of {', '.join(INTAKES)}, got {self.intake!r}.")
         if self.replicas is not None and self.batch_size % self.replicas:
             raise ConfigError(
                 f"batch-size {self.batch_size} is not divisible by replicas {self.replicas}; "

@@ -7,7 +7,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional
 
-from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_PARAM_REFRESH_LAG, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
+from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_PARAM_REFRESH_LAG, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError"]
 
@@ -154,6 +154,11 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="check and encode each step's parameters for the actors on a thread of their own, while "
                         "the next step runs: auto (default) does on GPU and TPU learners, whose device would "
                         "otherwise wait for the host; on CPUs, whose cores the step already fills, it does not")
+    g.add_argument("--intake", choices=INTAKES, default="auto",
+                   help="where the learner's gRPC service, unroll queue and batcher run: thread (in the learner's "
+                        "process) or process (a child process of their own, handing batches and parameters over "
+                        "shared memory, so that their Python does not hold up the training loop's); auto "
+                        "(default) is process for GPU and TPU learners and thread on CPUs")
     g.add_argument("--replay-ratio", type=_finite_float, default=0.0, metavar="R",
                    help="share of each batch drawn from recently trained-on unrolls, 0 <= R < 1 (IMPALA's "
                         "experience replay; V-trace corrects for the older policies); default 0: none")
@@ -347,6 +352,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         jit_compile=args.jit,
         learner_precision=args.learner_precision,
         overlap_publish=getattr(args, "overlap_publish", "auto"),
+        intake=getattr(args, "intake", "auto"),
         replay_ratio=args.replay_ratio,
         replay_unrolls=args.replay_unrolls,
         eval_episodes=args.eval_episodes,

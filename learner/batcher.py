@@ -41,7 +41,7 @@ from impala_rep.specs import ArraySpec
 from learner.queue import UnrollQueue
 from learner.validation import ValidUnroll
 
-__all__ = ["Batch", "Batcher", "PrefetchingBatcher", "ReplayBuffer", "batch_unrolls", "policy_lag"]
+__all__ = ["Batch", "Batcher", "PrefetchingBatcher", "ReplayBuffer", "batch_layout", "batch_unrolls", "policy_lag"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,45 +68,79 @@ def _is_per_step(key: str) -> bool:
     return not key.startswith("core_state/") and not key.startswith("frame_prefix/")
 
 
-def batch_unrolls(
-    unrolls: Sequence[ValidUnroll],
+def batch_layout(
     unroll_spec: Mapping[str, ArraySpec],
+    batch_size: int,
     frame_stack: Optional[Mapping[str, int]] = None,
-) -> Batch:
-    """Stacks validated unrolls into a time-major :class:`Batch` (see module docstring)."""
-    if not unrolls:
-        raise ValueError("batch_unrolls needs at least one unroll.")
+) -> Dict[str, tuple]:
+    """``{key: (shape, dtype)}`` of the arrays :func:`batch_unrolls` returns for ``batch_size``
+    unrolls (see module docstring), ``policy_version`` included."""
     frame_stack = {k: int(v) for k, v in (frame_stack or {}).items() if int(v) > 1}
-    b = len(unrolls)
-    out: Dict[str, np.ndarray] = {}
+    b = int(batch_size)
+    out: Dict[str, tuple] = {}
     for key, spec in unroll_spec.items():
         if key.startswith("frame_prefix/"):
             continue
         dtype = np.dtype(spec.dtype)
         obs_key = key.split("/", 1)[1] if key.startswith("observation/") else None
         if obs_key in frame_stack:
+            out[f"frames/{obs_key}"] = ((spec.shape[0] + frame_stack[obs_key] - 1, b) + tuple(spec.shape[1:]), dtype)
+        elif _is_per_step(key):
+            out[key] = ((spec.shape[0], b) + tuple(spec.shape[1:]), dtype)
+        else:
+            out[key] = ((b,) + tuple(spec.shape), dtype)
+    out["policy_version"] = ((b,), np.dtype(np.int64))
+    return out
+
+
+def batch_unrolls(
+    unrolls: Sequence[ValidUnroll],
+    unroll_spec: Mapping[str, ArraySpec],
+    frame_stack: Optional[Mapping[str, int]] = None,
+    out: Optional[Mapping[str, np.ndarray]] = None,
+) -> Batch:
+    """Stacks validated unrolls into a time-major :class:`Batch` (see module docstring).
+
+    ``out``: arrays of :func:`batch_layout`'s shapes and dtypes to write into (for example a
+    slot of shared memory, :mod:`learner.intake`) instead of new ones.
+    """
+    if not unrolls:
+        raise ValueError("batch_unrolls needs at least one unroll.")
+    frame_stack = {k: int(v) for k, v in (frame_stack or {}).items() if int(v) > 1}
+    layout = batch_layout(unroll_spec, len(unrolls), frame_stack)
+    if out is None:
+        arrays = {key: aligned_empty(shape, dtype) for key, (shape, dtype) in layout.items()}  # TF reads them in place
+    else:
+        arrays = dict(out)
+        for key, (shape, dtype) in layout.items():
+            have = arrays.get(key)
+            if have is None or have.shape != shape or have.dtype != dtype:
+                raise ValueError(
+                    f"batch_unrolls(out=...) needs {key!r} of shape {shape} and dtype {dtype.name}, got "
+                    + ("none" if have is None else f"{have.shape} {have.dtype.name}") + ".")
+    for key in unroll_spec:
+        if key.startswith("frame_prefix/"):
+            continue
+        obs_key = key.split("/", 1)[1] if key.startswith("observation/") else None
+        if obs_key in frame_stack:
             # [T+K, B, H, W, C]: prefix then frames, each unroll's written once (no stack built).
-            k, steps = frame_stack[obs_key], spec.shape[0]
-            prefix_key = f"frame_prefix/{obs_key}"
-            arr = aligned_empty((steps + k - 1, b) + tuple(spec.shape[1:]), dtype)
+            k, prefix_key = frame_stack[obs_key], f"frame_prefix/{obs_key}"
+            arr = arrays[f"frames/{obs_key}"]
             for i, u in enumerate(unrolls):
                 arr[:k - 1, i] = u.tensors[prefix_key]
                 arr[k - 1:, i] = u.tensors[key]
-            out[f"frames/{obs_key}"] = arr
-            continue
-        if _is_per_step(key):
-            steps = spec.shape[0]
-            arr = aligned_empty((steps, b) + tuple(spec.shape[1:]), dtype)  # handed to TF without a copy
+        elif _is_per_step(key):
+            arr = arrays[key]
             for i, u in enumerate(unrolls):
                 arr[:, i] = u.tensors[key]
         else:
-            arr = np.empty((b,) + tuple(spec.shape), dtype=dtype)
+            arr = arrays[key]
             for i, u in enumerate(unrolls):
                 arr[i] = u.tensors[key]
-        out[key] = arr
-    out["policy_version"] = np.array([u.policy_version for u in unrolls], dtype=np.int64)
+    arrays["policy_version"][:] = [u.policy_version for u in unrolls]
     returns, lengths = _episodes(unrolls)
-    return Batch(tensors=out, episode_returns=returns, episode_lengths=lengths, actor_ids=[u.actor_id for u in unrolls])
+    return Batch(tensors={k: arrays[k] for k in layout}, episode_returns=returns, episode_lengths=lengths,
+                 actor_ids=[u.actor_id for u in unrolls])
 
 
 def _episodes(unrolls: Sequence[ValidUnroll]):
@@ -191,16 +225,17 @@ class Batcher:
         if self.replay_per_batch > 0:
             self.replay = ReplayBuffer(replay_capacity or 8 * self.batch_size, seed=seed)
 
-    def next_batch(self, timeout: Optional[float] = None) -> Batch:
-        """Blocks for the batch's fresh unrolls; ``TimeoutError``/``QueueClosed`` as the queue."""
+    def next_batch(self, timeout: Optional[float] = None, out: Optional[Mapping[str, np.ndarray]] = None) -> Batch:
+        """Blocks for the batch's fresh unrolls; ``TimeoutError``/``QueueClosed`` as the queue.
+        ``out``: arrays to write the batch into (:func:`batch_unrolls`)."""
         if self.replay is None:
             return batch_unrolls(self.queue.get_many(self.batch_size, timeout=timeout), self.unroll_spec,
-                                 self.frame_stack)
+                                 self.frame_stack, out=out)
         replayed_n = min(self.replay_per_batch, len(self.replay))
         fresh = self.queue.get_many(self.batch_size - replayed_n, timeout=timeout)
         replayed = self.replay.sample(replayed_n)
         self.replay.add(fresh)
-        batch = batch_unrolls(list(fresh) + replayed, self.unroll_spec, self.frame_stack)
+        batch = batch_unrolls(list(fresh) + replayed, self.unroll_spec, self.frame_stack, out=out)
         returns, lengths = _episodes(fresh)  # replayed episodes were counted when they were fresh
         return dataclasses.replace(batch, episode_returns=returns, episode_lengths=lengths, fresh_unrolls=len(fresh))
 

@@ -9,7 +9,10 @@ Also the learner-alone entry point for multi-host runs::
 restores the newest checkpoint of the logdir (unless told not to), serves actors, and
 trains until the agent-step budget, the time budget or a stop request; it checkpoints by time with
 ``tf.train.CheckpointManager``, exports a TensorFlow-free policy beside every checkpoint,
-and writes a progress line, ``metrics.jsonl`` and TensorBoard summaries.
+and writes a progress line, ``metrics.jsonl`` and TensorBoard summaries. The gRPC service,
+queue, batcher and parameter store (the intake) run in this process or, with ``--intake
+process`` (the default on GPU and TPU learners), in a child process of their own
+(:mod:`learner.intake`).
 """
 
 from __future__ import annotations
@@ -135,22 +138,15 @@ class Trainer:
                 "resumed from %s at learner step %d (%d agent steps)",
                 self.restored_from, self.learner_step, int(self.agent_steps.numpy()),
             )
-        self.queue = UnrollQueue(capacity=self._queue_capacity)
-        self.params = ParameterStore()
-        self.params.publish(self.step.get_params()[1], version=self.learner_step + 1)
         # --overlap-publish: each step's parameters are checked and encoded for the actors on a
         # thread of their own while the next step runs (auto: on GPU and TPU learners).
         self.overlap_publish = config.overlap_publish == "on" or (
             config.overlap_publish == "auto" and self.replicator.kind != "cpu")
-        self._publisher: Optional[BackgroundPublisher] = (
-            BackgroundPublisher(self.params, check=params_finite) if self.overlap_publish else None)
-        self._submitted: collections.deque = collections.deque(maxlen=8)  # (version, metrics) handed to it
-        self.server = LearnerServer(
-            self.unroll_spec,
-            config.unroll_length,
-            self.queue,
-            self.params,
-            frame_stack=self.frame_stack,
+        # --intake: the gRPC service, queue, batcher and parameter store in this process
+        # (thread) or a child process of their own (process; auto: on GPU and TPU learners).
+        self.intake = config.intake if config.intake != "auto" else (
+            "process" if self.replicator.kind != "cpu" else "thread")
+        server_options = dict(
             run_config=json.dumps(actor_view(config, self.frame_stack)),
             host=config.bind,
             port=config.port,
@@ -159,9 +155,32 @@ class Trainer:
             tls_key_file=config.tls_key,
             refresh_lag=config.param_refresh_lag,
         )
-        self.batcher = PrefetchingBatcher(Batcher(
-            self.queue, self.unroll_spec, config.batch_size, self.frame_stack,
-            replay_ratio=config.replay_ratio, replay_capacity=config.replay_unrolls, seed=config.seed))
+        self._submitted: collections.deque = collections.deque(maxlen=8)  # (version, metrics) handed to it
+        if self.intake == "process":
+            from learner.intake import ProcessIntake
+
+            # The child checks and encodes every step's parameters (the publisher), serves the
+            # actors (the server) and builds the batches (the batcher); params.version is the
+            # newest version it serves. Without --overlap-publish each step waits for its publish.
+            self.queue = None
+            self.params = self.server = self.batcher = self._publisher = ProcessIntake(
+                self.unroll_spec, config.unroll_length, batch_size=config.batch_size,
+                queue_capacity=self._queue_capacity,
+                initial_params=(self.learner_step + 1, self.step.get_params()[1]),
+                frame_stack=self.frame_stack, replay_ratio=config.replay_ratio,
+                replay_capacity=config.replay_unrolls, seed=config.seed, server_options=server_options)
+        else:
+            self.queue = UnrollQueue(capacity=self._queue_capacity)
+            self.params = ParameterStore()
+            self.params.publish(self.step.get_params()[1], version=self.learner_step + 1)
+            self._publisher: Optional[BackgroundPublisher] = (
+                BackgroundPublisher(self.params, check=params_finite) if self.overlap_publish else None)
+            self.server = LearnerServer(
+                self.unroll_spec, config.unroll_length, self.queue, self.params,
+                frame_stack=self.frame_stack, **server_options)
+            self.batcher = PrefetchingBatcher(Batcher(
+                self.queue, self.unroll_spec, config.batch_size, self.frame_stack,
+                replay_ratio=config.replay_ratio, replay_capacity=config.replay_unrolls, seed=config.seed))
         self.action_repeat = env_action_repeat(config)
         self._returns: collections.deque = collections.deque(maxlen=100)
         self._writer = tf.summary.create_file_writer(os.path.join(config.logdir, "summaries"))
@@ -407,9 +426,15 @@ class Trainer:
             # The step and the read of its parameters for the actors, in one call.
             metrics, (step, params) = self.step.train_and_read(batch.tensors)
             t2 = time.perf_counter()
+            version = step + 1
+            between = self._publisher is not None and not self.overlap_publish  # the process intake's
+            if between:  # published (and checked) by the intake process before the next step
+                self._publisher.submit(version, params)
+                self._submitted.append((version, metrics))
+                self._publisher.flush()
             if self._publisher is not None:
                 if not self._settle_publisher(wait=False):
-                    break  # an earlier step's parameters were not finite
+                    break  # this step's (between) or an earlier step's parameters were not finite
             elif not params_finite(params):
                 self._stop_diverged(step, metrics)
                 break
@@ -417,12 +442,11 @@ class Trainer:
             self.agent_steps.assign_add(cfg.unroll_length * batch.fresh)
             replayed += batch.batch_size - batch.fresh
             trained += batch.batch_size
-            version = step + 1
-            if self._publisher is not None:
+            if self._publisher is None:
+                self.params.publish(params, version=version)
+            elif not between:
                 self._publisher.submit(version, params)
                 self._submitted.append((version, metrics))
-            else:
-                self.params.publish(params, version=version)
             t3 = time.perf_counter()
             self._timing["wait_batch"] += t1 - t0
             self._timing["train"] += t2 - t1
@@ -494,14 +518,15 @@ class Trainer:
             "learner_steps_per_s": learner_sps,
             "agent_steps_per_s": agent_sps,
             "env_frames_per_s": agent_sps * self.action_repeat,
-            "queue_fill": self.queue.fill,
         }
+        transport = self.server.snapshot_metrics()
+        record["queue_fill"] = float(transport.get("queue_fill", 0.0))
         record.update({f"loss/{k}": float(np.asarray(v)) for k, v in metrics.items()})
         record.update({k: float(v) for k, v in lag.items()})
         if self._returns:
             record["episode_return"] = float(np.mean(self._returns))
             record["episodes_in_window"] = len(self._returns)
-        for k, v in self.server.snapshot_metrics().items():
+        for k, v in transport.items():
             record[f"transport/{k}"] = float(v)
         record.update({k: float(v) for k, v in extra.items()})
         window = sum(self._timing.values()) or 1.0

@@ -272,7 +272,8 @@ def select_window(records: Sequence[Mapping[str, Any]], warmup: float, seconds: 
 
 WINDOW_DIAGNOSTICS = ("queue_fill", "policy_lag_mean", "time_share/wait_batch", "time_share/train",
                       "time_share/publish", "transport/megabytes_per_second", "cores_learner", "cores_actors",
-                      "cores_machine", "cores_learner_tensorflow", "parameters_sent_per_learner_step")
+                      "cores_machine", "cores_learner_tensorflow", "cores_learner_intake",
+                      "parameters_sent_per_learner_step")
 
 
 def combine_windows(windows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -557,16 +558,30 @@ def _machine_busy_seconds() -> Optional[float]:
 
 
 def cpu_sample(launcher_pid: int) -> Dict[str, Any]:
-    """CPU seconds so far of the launcher (= learner) process, of its TensorFlow threads
+    """CPU seconds so far of the launcher (= learner) process with its intake process if it has one
+    (``learner_intake``, ``--intake process``), of its TensorFlow threads
     (``learner_tensorflow``, :data:`TF_THREAD_PREFIX`), of its descendants (the actor
     processes) and of the whole machine, and the resident memory of the whole process tree
     (``rss_mb``), stamped with the wall-clock time. Walks /proc once."""
     descendants = _descendants(launcher_pid)
-    actors = [c for c in (_cpu_seconds(pid) for pid in descendants) if c is not None]
-    return {"time": time.time(), "learner": _cpu_seconds(launcher_pid),
+    intake = [pid for pid in descendants if _is_intake(pid)]
+    actors = [c for c in (_cpu_seconds(pid) for pid in descendants if pid not in intake) if c is not None]
+    learner = _cpu_seconds(launcher_pid)
+    intake_cpu = sum(c for c in (_cpu_seconds(pid) for pid in intake) if c is not None)
+    return {"time": time.time(), "learner": None if learner is None else learner + intake_cpu,
+            "learner_intake": intake_cpu,
             "learner_tensorflow": threads_cpu_seconds(launcher_pid, TF_THREAD_PREFIX), "actors": sum(actors),
             "actor_processes": len(actors), "machine": _machine_busy_seconds(),
             "rss_mb": tree_rss_mb(launcher_pid, descendants)}
+
+
+def _is_intake(pid: int) -> bool:
+    """Whether ``pid`` is a learner's intake process (``--intake process``), whose CPU is the learner's."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"learner.intake" in f.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def cpu_split(samples: Sequence[Mapping[str, Any]], start: float, end: float) -> Optional[Dict[str, float]]:
@@ -584,8 +599,9 @@ def cpu_split(samples: Sequence[Mapping[str, Any]], start: float, end: float) ->
         return None
     elapsed = b["time"] - a["time"]
     keys = ["learner", "actors", "machine"]
-    if a.get("learner_tensorflow") is not None and b.get("learner_tensorflow") is not None:
-        keys.append("learner_tensorflow")
+    for extra in ("learner_tensorflow", "learner_intake"):
+        if a.get(extra) is not None and b.get(extra) is not None:
+            keys.append(extra)
     return {f"cores_{k}": (b[k] - a[k]) / elapsed for k in keys}
 
 

@@ -14,3 +14,26 @@ def pytest_configure(config):
     tf.config.set_logical_device_configuration(
         cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS
     )
+
+import pytest
+
+
+@pytest.fixture
+def poison_update():
+    """``poison_update(trainer, at_step)`` makes the parameters that ``trainer``'s update of
+    learner step ``at_step`` hands on NaN (the training loop then finds the run diverged)."""
+    return _poison_update
+
+
+def _poison_update(trainer, at_step: int) -> None:
+    import numpy as np
+
+    real = trainer.step.train_and_read
+
+    def poisoned(tensors):
+        metrics, (step, params) = real(tensors)
+        if step == at_step:
+            params = {k: np.full_like(v, np.nan) for k, v in params.items()}
+        return metrics, (step, params)
+
+    trainer.step.train_and_read = poisoned

@@ -184,7 +184,7 @@ def test_overlapped_publishing_sends_each_steps_own_parameters_and_settles_befor
         trainer.close(save=False)
 
 
-def test_overlapped_publishing_stops_a_diverged_run_and_saves_nothing_after_it(tmp_path, catch_spec):
+def test_overlapped_publishing_stops_a_diverged_run_and_saves_nothing_after_it(tmp_path, catch_spec, poison_update):
     import os
 
     trainer = Trainer(_config(tmp_path, "on"), catch_spec)
@@ -192,15 +192,7 @@ def test_overlapped_publishing_stops_a_diverged_run_and_saves_nothing_after_it(t
         trainer.save()
         saved = sorted(os.listdir(os.path.join(tmp_path, "checkpoints")))
         trainer.batcher = FixedBatches(trainer.batch_spec(), 10)
-        real = trainer.step.train_and_read
-
-        def poisoned(tensors):  # the third update makes the parameters NaN
-            metrics, (step, params) = real(tensors)
-            if step == 3:
-                params = {k: np.full_like(v, np.nan) for k, v in params.items()}
-            return metrics, (step, params)
-
-        trainer.step.train_and_read = poisoned
+        poison_update(trainer, 3)  # the third update makes the parameters NaN
         trainer.train(max_learner_steps=10)
         assert trainer.diverged is not None
         assert trainer.diverged.startswith("the update of learner step 3 made the network's parameters NaN or infinite")
