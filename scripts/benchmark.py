@@ -682,6 +682,8 @@ def measure_end_to_end(workload: Workload, args, between: Optional[Callable[[int
         launch_args += ["--actor-nice", str(args.actor_nice)]
     if args.param_refresh_lag is not None:
         launch_args += ["--param-refresh-lag", str(args.param_refresh_lag)]
+    if args.intake != "auto":
+        launch_args += ["--intake", args.intake]
     result = run_launch_window(launch_args, args, between, launch)
     result.update(actors=args.actors, actor_processes=args.actor_processes or "launcher's choice")
     return result
@@ -880,7 +882,7 @@ def machine_info() -> Dict[str, Any]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from impala_rep.config import LEARNER_PRECISIONS, MAX_PARAM_REFRESH_LAG
+    from impala_rep.config import INTAKES, LEARNER_PRECISIONS, MAX_PARAM_REFRESH_LAG
     from impala_rep.flags import nonnegative_float, positive_float
     from impala_rep.launch import parse_learner_threads
 
@@ -907,6 +909,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--learner-precision", choices=LEARNER_PRECISIONS, default="float32",
                         help="what the learner network computes in, in the learner piece and the end-to-end run "
                              "(the launcher's --learner-precision; default float32)")
+    parser.add_argument("--intake", choices=INTAKES, default="auto",
+                        help="the launcher's --intake in the end-to-end run: the learner's gRPC service, queue and "
+                             "batcher in its process (thread) or a child process (process); default auto (thread "
+                             "on this CPU learner). The child's CPU counts as the learner's")
     parser.add_argument("--seconds", type=positive_float, default=60.0, help="end-to-end measurement window (default 60)")
     parser.add_argument("--warmup", type=nonnegative_float, default=30.0,
                         help="seconds after the first learner step before the window opens (default 30)")
