@@ -155,8 +155,9 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                         "the next step runs: auto (default) does on GPU and TPU learners, whose device would "
                         "otherwise wait for the host; on CPUs, whose cores the step already fills, it does not")
     g.add_argument("--intake", choices=INTAKES, default="auto",
-                   help="where the learner's gRPC service, unroll queue and batcher run: thread (in the learner's "
-                        "process) or process (a child process of their own, handing batches and parameters over "
+                   help="where the learner's gRPC service, unroll queue, batcher and parameter store run: "
+                        "thread (in the learner's process) or process (a child process of their own, handing "
+                        "batches and parameters over "
                         "shared memory, so that their Python does not hold up the training loop's); auto "
                         "(default) is process for GPU and TPU learners and thread on CPUs")
     g.add_argument("--replay-ratio", type=_finite_float, default=0.0, metavar="R",

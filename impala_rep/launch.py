@@ -273,11 +273,16 @@ def main(argv=None) -> int:
             stop.set()
         return {"actor_processes_alive": supervisor.alive, "actor_restarts": supervisor.total_restarts}
 
+    from learner.intake import IntakeError
+
     status = 0
     try:
         trainer.train(stop, on_tick=tick)
         if supervisor.all_given_up or trainer.diverged:
             status = 1
+    except IntakeError as exc:  # --intake process: the child serving the actors is gone; save what was learned
+        log.error("%s Stopping; the learner's last parameters are saved.", exc)
+        status = 1
     except KeyboardInterrupt:
         log.warning("aborted")
         status = 130

@@ -738,11 +738,18 @@ def main(argv=None) -> int:
     if trainer is None:
         return 2
     print(f"learner listening on {trainer.server.address}", flush=True)
+    from learner.intake import IntakeError
+
     try:
         trainer.train(stop)
+    except IntakeError as exc:  # --intake process: the child serving the actors is gone; save what was learned
+        log.error("%s Stopping; the learner's last parameters are saved.", exc)
+        return_code = 1
+    else:
+        return_code = 1 if trainer.diverged else 0
     finally:
         trainer.close()
-    return 1 if trainer.diverged else 0
+    return return_code
 
 
 if __name__ == "__main__":

@@ -850,3 +850,49 @@ def test_launch_with_a_process_intake_trains_catch_and_checkpoints(tmp_path):
     after = set(glob.glob("/dev/shm/impala_rep-intake-*") + glob.glob(os.path.join(tempfile.gettempdir(),
                                                                                    "impala_rep-intake-*")))
     assert after <= before  # the run left no shared-memory file behind
+
+
+def _intake_children(pid):
+    """PIDs of ``learner.intake`` processes below ``pid`` (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"learner.intake" in cmd:
+            found.append(int(entry))
+    return found
+
+
+def test_a_launch_whose_intake_dies_stops_with_a_sentence_and_saves(tmp_path):
+    logdir = tmp_path / "run"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "impala_rep.launch", "--env", "catch", "--intake", "process", "--learner", "cpu",
+         "--actors", "1", "--batch-size", "4", "--unroll-length", "5", "--total-steps", "100000000",
+         "--log-interval", "0.1", "--logdir", str(logdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not (logdir / "metrics.jsonl").exists() or not (logdir / "metrics.jsonl").stat().st_size:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start training"
+            time.sleep(0.2)
+        children = _intake_children(proc.pid)
+        assert len(children) == 1
+        os.kill(children[0], 9)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "the learner's intake process (gRPC service, queue and batcher) exited with status -9" in stderr
+    assert "Stopping; the learner's last parameters are saved." in stderr
+    assert "Traceback" not in stderr
+    assert glob.glob(str(logdir / "checkpoints" / "ckpt-*.index"))  # what was learned is kept
