@@ -118,26 +118,23 @@ def batch_unrolls(
                 raise ValueError(
                     f"batch_unrolls(out=...) needs {key!r} of shape {shape} and dtype {dtype.name}, got "
                     + ("none" if have is None else f"{have.shape} {have.dtype.name}") + ".")
-    for key in unroll_spec:
-        if key.startswith("frame_prefix/"):
-            continue
-        obs_key = key.split("/", 1)[1] if key.startswith("observation/") else None
-        if obs_key in frame_stack:
+    for key in layout:
+        arr = arrays[key]
+        if key == "policy_version":
+            arr[:] = [u.policy_version for u in unrolls]
+        elif key.startswith("frames/"):
             # [T+K, B, H, W, C]: prefix then frames, each unroll's written once (no stack built).
-            k, prefix_key = frame_stack[obs_key], f"frame_prefix/{obs_key}"
-            arr = arrays[f"frames/{obs_key}"]
+            obs_key = key.split("/", 1)[1]
+            k, frames_key, prefix_key = frame_stack[obs_key], f"observation/{obs_key}", f"frame_prefix/{obs_key}"
             for i, u in enumerate(unrolls):
                 arr[:k - 1, i] = u.tensors[prefix_key]
-                arr[k - 1:, i] = u.tensors[key]
+                arr[k - 1:, i] = u.tensors[frames_key]
         elif _is_per_step(key):
-            arr = arrays[key]
             for i, u in enumerate(unrolls):
                 arr[:, i] = u.tensors[key]
         else:
-            arr = arrays[key]
             for i, u in enumerate(unrolls):
                 arr[i] = u.tensors[key]
-    arrays["policy_version"][:] = [u.policy_version for u in unrolls]
     returns, lengths = _episodes(unrolls)
     return Batch(tensors={k: arrays[k] for k in layout}, episode_returns=returns, episode_lengths=lengths,
                  actor_ids=[u.actor_id for u in unrolls])

@@ -62,6 +62,7 @@ import numpy as np
 from impala_rep.specs import ArraySpec
 from learner.batcher import Batch, batch_layout
 from learner.queue import QueueClosed
+from learner.server import connect_address
 
 __all__ = ["IntakeError", "ProcessIntake", "SlotLayout"]
 
@@ -253,8 +254,7 @@ class ProcessIntake:
     def address(self) -> str:
         if self.port is None:
             raise RuntimeError("the intake is not started; call start() first.")
-        host = self.host if self.host not in ("0.0.0.0", "::", "[::]") else "127.0.0.1"
-        return f"{host}:{self.port}"
+        return connect_address(self.host, self.port)
 
     def start(self) -> int:
         """Starts the child, which binds and serves; returns the port. Raises ``OSError`` (a
@@ -375,9 +375,7 @@ class ProcessIntake:
                     return
         except (EOFError, OSError, ValueError):
             if not self._stopped:
-                code = self._proc.wait() if self._proc is not None else None
-                self._fail(f"the learner's intake process (gRPC service, queue and batcher) exited with status "
-                           f"{code}; the actors can no longer reach the learner. See the log above for why.")
+                self._child_gone(self._proc.wait() if self._proc is not None else None)
 
     def _fail(self, message: str) -> None:
         with self._cond:
@@ -390,6 +388,12 @@ class ProcessIntake:
         if self._error is not None:
             raise IntakeError(self._error)
 
+    def _child_gone(self, code: Optional[int]) -> None:
+        """Records that the child is gone (exit status ``code``; None: it no longer answers)."""
+        self._fail("the learner's intake process (gRPC service, queue and batcher) "
+                   + (f"exited with status {code}" if code is not None else "stopped answering")
+                   + "; the actors can no longer reach the learner. See the log above for why.")
+
     def _send(self, **msg: Any) -> None:
         """Sends ``msg`` to the child; :class:`IntakeError` (with its exit status) when it is gone."""
         try:
@@ -401,9 +405,7 @@ class ProcessIntake:
                     code = self._proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
-            self._fail(f"the learner's intake process (gRPC service, queue and batcher) "
-                       + (f"exited with status {code}" if code is not None else "stopped answering")
-                       + "; the actors can no longer reach the learner. See the log above for why.")
+            self._child_gone(code)
             self._raise_error()
 
     # ------------------------------------------------------------------ batches
@@ -525,7 +527,7 @@ class ProcessIntake:
         try:
             if self._chan is not None and not self._stopped:
                 self.flush(timeout)
-        except (IntakeError, RuntimeError) as exc:
+        except RuntimeError as exc:  # an IntakeError, or a snapshot the child refused
             log.error("%s", exc)
 
     # ------------------------------------------------------------------ metrics

@@ -63,6 +63,7 @@ __all__ = [
     "TOKEN_METADATA_KEY",
     "LearnerServer",
     "TransportMetrics",
+    "connect_address",
 ]
 
 PROTOCOL_VERSION = 1
@@ -135,6 +136,12 @@ class TransportMetrics:
             for reason, n in self.rejected.items():
                 out[f"rejected/{reason}"] = n
         return out
+
+
+def connect_address(host: str, port: int) -> str:
+    """``HOST:PORT`` for a client of a server bound to ``host`` (a wildcard: this machine's loopback)."""
+    host = host if host not in ("0.0.0.0", "::", "[::]") else "127.0.0.1"
+    return f"{host}:{port}"
 
 
 def _identity(x):
@@ -250,8 +257,7 @@ class LearnerServer:
     def address(self) -> str:
         if self.port is None:
             raise RuntimeError("the server is not started; call start() first.")
-        host = self.host if self.host not in ("0.0.0.0", "::", "[::]") else "127.0.0.1"
-        return f"{host}:{self.port}"
+        return connect_address(self.host, self.port)
 
     def start(self) -> int:
         """Binds and starts serving; returns the port."""

@@ -4,6 +4,8 @@ Logical devices must be configured before TensorFlow initialises its devices, so
 once when pytest starts, before any test module touches TensorFlow.
 """
 
+import pytest
+
 NUM_LOGICAL_CPUS = 4
 
 
@@ -14,8 +16,6 @@ def pytest_configure(config):
     tf.config.set_logical_device_configuration(
         cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS
     )
-
-import pytest
 
 
 @pytest.fixture
