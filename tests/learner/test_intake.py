@@ -896,3 +896,32 @@ def test_a_launch_whose_intake_dies_stops_with_a_sentence_and_saves(tmp_path):
     assert "Stopping; the learner's last parameters are saved." in stderr
     assert "Traceback" not in stderr
     assert glob.glob(str(logdir / "checkpoints" / "ckpt-*.index"))  # what was learned is kept
+
+
+def test_the_shared_file_falls_back_to_the_temp_dir_and_says_when_nothing_has_room(monkeypatch, tmp_path):
+    import errno
+
+    from learner import intake as intake_module
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real = os.posix_fallocate
+    full = {"/dev/shm"}
+
+    def fallocate(fd, offset, length):
+        if os.path.dirname(os.readlink(f"/proc/self/fd/{fd}")) in full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", fallocate)
+    path, fd = intake_module._shared_file(4096)
+    try:
+        assert os.path.dirname(path) == str(tmp_path) and os.fstat(fd).st_size == 4096
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    full.add(str(tmp_path))
+    with pytest.raises(OSError, match=r"needs 0 MiB of shared memory for its batch slots and found no room "
+                                      r"\(/dev/shm: No space left on device; .*: No space left on device\); .*"
+                                      r"or use --intake thread\."):
+        intake_module._shared_file(4096)
+    assert not _our_shared_files()  # nothing left where there was no room
