@@ -5,11 +5,35 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from typing import Any, Dict, List, Optional
 
 from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_PARAM_REFRESH_LAG, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
 
-__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError"]
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms"]
+
+
+# make_replicator's errors name its arguments (kind=, tpu=, num_replicas=); on the command line
+# the same advice is a flag.
+_ARGUMENTS_AS_FLAGS = (
+    (re.compile(r"kind='(\w+)' or '(\w+)'"), r"--learner \1 or --learner \2"),
+    (re.compile(r"kind='(\w+)'"), r"--learner \1"),
+    (re.compile(r"tpu='([^']*)'"), r"--tpu-address \1"),
+    (re.compile(r"num_replicas<=(\d+)"), r"--replicas \1 or fewer"),
+    (re.compile(r"leave num_replicas unset"), "leave --replicas out"),
+    (re.compile(r"num_replicas=(\d+)"), r"--replicas \1"),
+    (re.compile(r"\bnum_replicas\b"), "--replicas"),
+)
+
+
+def in_flag_terms(message: str) -> str:
+    """``message`` (an error of :func:`impala_rep.replicator.make_replicator` or the learner's
+    set-up) with the arguments it names as the launcher's flags: ``kind='cpu'`` becomes
+    ``--learner cpu``, ``tpu='grpc://HOST:PORT'`` ``--tpu-address grpc://HOST:PORT``,
+    ``num_replicas`` ``--replicas``."""
+    for pattern, flag in _ARGUMENTS_AS_FLAGS:
+        message = pattern.sub(flag, message)
+    return message
 
 
 class UsageError(ValueError):

@@ -700,6 +700,7 @@ def start_trainer(config: RunConfig, env_spec: EnvSpec):
     Returns ``(trainer, stop_event)``; ``trainer`` is None after printing the sentence of a
     configuration error (no TPU, no GPU, indivisible batch, ...).
     """
+    from impala_rep.flags import in_flag_terms
     from impala_rep.replicator import ReplicatorError
 
     stop = threading.Event()
@@ -707,7 +708,7 @@ def start_trainer(config: RunConfig, env_spec: EnvSpec):
     try:
         trainer = Trainer(config, env_spec)
     except (ReplicatorError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {in_flag_terms(str(exc))}", file=sys.stderr)
         return None, stop
     try:
         trainer.start()

@@ -314,8 +314,9 @@ def test_a_diverged_run_stops_with_a_sentence_and_keeps_the_last_good_checkpoint
         (["--env", "catch", "--env-arg", "rows"], "rows"),
         (["--env", "catch", "--batch-size", "6", "--replicas", "4"], "not divisible by replicas 4"),
         (["--env", "catch", "--actors", "100000"], "or fewer"),
-        (["--env", "catch", "--learner", "tpu"], "TPU"),
-        (["--env", "catch", "--learner", "gpu"], "GPU"),
+        (["--env", "catch", "--learner", "tpu"], "no TPU is attached to this host: run on a TPU VM, pass "
+         "--tpu-address grpc://HOST:PORT for a remote TPU, or use --learner cpu or --learner gpu."),
+        (["--env", "catch", "--learner", "gpu"], "or use --learner cpu."),
         (["--env", "catch", "--replay-ratio", "1"], "replay-ratio must be at least 0 and below 1"),
         (["--env", "catch", "--learner-precision", "float16"], "invalid choice: 'float16'"),
         (["--env", "catch", "--batch-size", "16", "--queue-unrolls", "8"],
@@ -327,6 +328,7 @@ def test_bad_flags_give_a_sentence_not_a_traceback(tmp_path, args, message):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "kind=" not in proc.stderr and "num_replicas" not in proc.stderr, proc.stderr[-2000:]  # flags, not arguments
 
 
 def test_evaluate_errors_are_sentences(tmp_path):

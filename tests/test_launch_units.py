@@ -935,3 +935,44 @@ def test_a_file_system_without_locks_runs_unlocked_with_a_warning(tmp_path, monk
     with caplog.at_level("WARNING"):
         assert lock_run_dir(str(tmp_path)) is None
     assert "nothing stops a second learner from using this run directory" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "message, expected",
+    [
+        ("no TPU is attached to this host: run on a TPU VM, pass tpu='grpc://HOST:PORT' for a remote TPU, or use "
+         "kind='cpu' or 'gpu'.",
+         "no TPU is attached to this host: run on a TPU VM, pass --tpu-address grpc://HOST:PORT for a remote TPU, "
+         "or use --learner cpu or --learner gpu."),
+        ("no GPU is visible to TensorFlow (...), or use kind='cpu'.", "no GPU is visible to TensorFlow (...), or use --learner cpu."),
+        ("4 GPU replicas were asked for but this host has 2 GPU(s): use num_replicas<=2.",
+         "4 GPU replicas were asked for but this host has 2 GPU(s): use --replicas 2 or fewer."),
+        ("num_replicas=4 but the TPU has 8 cores; leave num_replicas unset to use them all.",
+         "--replicas 4 but the TPU has 8 cores; leave --replicas out to use them all."),
+        ("a multiple of 4 (e.g. 8) or change num_replicas.", "a multiple of 4 (e.g. 8) or change --replicas."),
+        ("the batch lacks 'reward'.", "the batch lacks 'reward'."),
+    ],
+)
+def test_learner_errors_name_flags_on_the_command_line(message, expected):
+    from impala_rep.flags import in_flag_terms
+
+    assert in_flag_terms(message) == expected
+
+
+def test_the_replicators_own_sentences_come_out_in_flag_terms():
+    # The sentences as impala_rep.replicator writes them (read from its source), so that a
+    # reworded one cannot slip past the table. Its multi-worker API (devices_per_worker) has no
+    # flags and is left as it is.
+    import inspect
+    import re
+
+    from impala_rep import replicator
+    from impala_rep.flags import in_flag_terms
+
+    source = inspect.getsource(replicator)
+    advice = [s for s in re.findall(r'"([^"]*)"', source)
+              if ("kind='" in s or "tpu='" in s) and "devices_per_worker" not in s]
+    assert len(advice) >= 4, advice  # no GPU; no TPU (attached, reachable, initialised)
+    for sentence in advice:
+        out = in_flag_terms(sentence)
+        assert "kind=" not in out and "tpu=" not in out, (sentence, out)
