@@ -101,6 +101,24 @@ class AuthenticationError(TransportError, PermissionError):
 _TLS_FAILURES = ("Hostname Verification Check failed", "CERTIFICATE_VERIFY_FAILED")
 
 
+# What a TLS client sees from a learner that serves plaintext (grpcio 1.85).
+_PLAINTEXT_PEER = "WRONG_VERSION_NUMBER"
+
+# How to fix a refused token, in the words of `python -m actors.run` (which reads the token
+# from --token, else $IMPALA_REP_TOKEN) and of this API.
+_TOKEN_ADVICE = (
+    "set IMPALA_REP_TOKEN (or pass --token) to the learner's shared token, the --token or IMPALA_REP_TOKEN "
+    "it was started with (LearnerClient(token=...) in code)."
+)
+
+
+def _token_problem(details: str) -> str:
+    """The learner's UNAUTHENTICATED details without its own advice (which names only the API):
+    "the call carries a wrong token"."""
+    head = details.split(";", 1)[0] if details.startswith("the call carries") else details
+    return head.strip().rstrip(".") or "the call carries no valid token"
+
+
 class LearnerUnavailableError(TransportError, ConnectionError):
     """The learner could not be reached within ``give_up_after_s`` seconds."""
 
@@ -190,6 +208,7 @@ class LearnerClient:
             ("grpc.max_reconnect_backoff_ms", int(backoff_max_s * 1000)),
         ]
         certs = _read_pem(root_certificates)
+        self._tls = certs is not None
         if certs is not None:
             if ssl_target_name:
                 options.append(("grpc.ssl_target_name_override", ssl_target_name))
@@ -455,9 +474,10 @@ class LearnerClient:
 
     def _sleep_backoff(self, attempt: int, since: float, what: str, error: grpc.RpcError) -> None:
         if self._give_up is not None and time.monotonic() - since > self._give_up:
+            details = error.details() or ""
             raise LearnerUnavailableError(
                 f"the learner at {self.address} has been unreachable for {self._give_up:.0f} s "
-                f"({what}: {error.code().name}: {error.details()}); is it running?"
+                f"({what}: {error.code().name}: {details}); is it running?{self._tls_hint(details)}"
             )
         initial, maximum = self._backoff
         delay = min(maximum, initial * (2 ** min(attempt, 30)))
@@ -469,9 +489,9 @@ class LearnerClient:
         code = e.code()
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return InvalidUnrollError(f"the learner rejected an unroll: {e.details()}")
-        if code == grpc.StatusCode.UNAUTHENTICATED:
-            return AuthenticationError(f"the learner refused this client: {e.details()}")
         details = e.details() or ""
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return AuthenticationError(f"the learner refused this client: {_token_problem(details)}; {_TOKEN_ADVICE}")
         if code == grpc.StatusCode.UNAVAILABLE and any(marker in details for marker in _TLS_FAILURES):
             return AuthenticationError(
                 f"TLS with the learner at {self.address} failed: {details.rstrip('.')}. "
@@ -482,6 +502,20 @@ class LearnerClient:
         if code in _RETRYABLE:
             return None
         return TransportError(f"the learner answered {code.name}: {e.details()}")
+
+    def _tls_hint(self, details: str) -> str:
+        """What to check about TLS when the learner stayed unreachable ("" when nothing points there).
+
+        A plaintext client against a TLS learner only sees the connection closed ("Socket
+        closed"), as from a learner that is away, so the hint is given whenever the client
+        connects without TLS."""
+        if not self._tls:
+            return (" If it serves TLS, pass its certificate with --tls-ca "
+                    "(LearnerClient(root_certificates=...) in code).")
+        if _PLAINTEXT_PEER in details:
+            return (" The learner answers without TLS: start it with --tls-cert and --tls-key, "
+                    "or run the actors without --tls-ca.")
+        return ""
 
     def _retry(self, fn: Callable[[], R], what: str = "call") -> R:
         attempt, since = 0, time.monotonic()

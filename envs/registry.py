@@ -38,6 +38,7 @@ import importlib
 import inspect
 import json
 import re
+import traceback
 import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
@@ -254,9 +255,12 @@ def _call_factory(env_id: str, factory: Callable[..., Any], seed: Optional[int],
     except Exception as exc:
         if not user and isinstance(exc, (ValueError, TypeError)):
             raise EnvError(f"bad option for env {env_id!r}: {exc}") from exc
+        # Where it was raised (the innermost frame): a command line prints the sentence alone,
+        # without the chained traceback a library caller can still read.
+        where = traceback.extract_tb(exc.__traceback__)[-1]
         raise EnvError(
-            f"the factory for env {env_id!r} raised {type(exc).__name__}: {exc} (see the chained "
-            "exception for its traceback)."
+            f"the factory for env {env_id!r} raised {type(exc).__name__}: {exc} (in {where.name}, "
+            f"{where.filename} line {where.lineno})."
         ) from exc
     if not isinstance(env, dm_env.Environment):
         raise EnvError(

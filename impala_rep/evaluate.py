@@ -176,6 +176,8 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"mean return {report['mean_return']:.1f} ± {report['std_return']:.1f} over {report['episodes']} episodes")
+    if report.get("video"):
+        print(f"video written to {report['video']}")
     out = args.report
     if out is None:
         policy_dir = os.path.dirname(report["policy"]) if os.path.isfile(report["policy"]) else report["policy"]

@@ -144,7 +144,8 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--learner", choices=LEARNER_KINDS, default="cpu",
                    help="where the learner runs: cpu (logical CPU replicas), gpu, tpu, or auto (TPU, else GPUs, else CPU)")
     g.add_argument("--replicas", type=_positive_int, default=None,
-                   help="number of replicas (cpu: logical CPU devices; gpu: how many GPUs); default: 1 on cpu, all devices otherwise")
+                   help="number of replicas (cpu: logical CPU devices; gpu: how many GPUs); default: on cpu, one per learner "
+                        "thread that divides the batch with impala_rep.launch and 1 with learner.run; otherwise all devices")
     g.add_argument("--tpu-address", default=None, help="TPU address (grpc://host:port or a TPU name); default: the local TPU")
     g.add_argument("--unroll-length", type=_positive_int, default=20, help="T: transitions per unroll (default 20)")
     g.add_argument("--batch-size", type=_positive_int, default=32, help="B: unrolls per learner batch (default 32)")
@@ -227,6 +228,11 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="shared secret actors must send (default: $IMPALA_REP_TOKEN if set)")
     g.add_argument("--tls-cert", default=None, help="PEM certificate for TLS (with --tls-key)")
     g.add_argument("--tls-key", default=None, help="PEM private key for TLS (with --tls-cert)")
+    g.add_argument("--param-refresh-lag", type=_positive_int, default=DEFAULT_PARAM_REFRESH_LAG, metavar="K",
+                   help="learner versions an actor process may fall behind before the learner sends it new parameters "
+                        f"(default {DEFAULT_PARAM_REFRESH_LAG}: every new version; at most {MAX_PARAM_REFRESH_LAG}): "
+                        "K above 1 sends actors about 1/K of the parameter traffic, for a policy lag "
+                        "up to K-1 versions longer, which V-trace corrects for")
 
 
 def add_actor_flags(parser: argparse.ArgumentParser) -> None:
@@ -245,11 +251,7 @@ def add_actor_flags(parser: argparse.ArgumentParser) -> None:
                    help="unrolls an actor process packs into one gRPC message "
                         f"(default {DEFAULT_UNROLLS_PER_MESSAGE}; 1: one per message): "
                         "fewer, larger messages cost gRPC less CPU per byte")
-    g.add_argument("--param-refresh-lag", type=_positive_int, default=DEFAULT_PARAM_REFRESH_LAG, metavar="K",
-                   help="learner versions an actor may fall behind before the learner sends it new parameters "
-                        f"(default {DEFAULT_PARAM_REFRESH_LAG}: every new version; at most {MAX_PARAM_REFRESH_LAG}): "
-                        "K above 1 sends actors about 1/K of the parameter traffic, for a policy lag "
-                        "up to K-1 versions longer, which V-trace corrects for")
+
 
 
 def parse_env_kwargs(items: List[str]) -> Dict[str, Any]:

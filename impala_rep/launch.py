@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_learner_flags(parser)
     add_actor_flags(parser)
-    parser.add_argument_group("learner").add_argument(
+    parser.add_argument_group("learner threads").add_argument(
         "--learner-threads", type=parse_learner_threads, default="auto", metavar="N|auto",
         help="TensorFlow threads of the learner, which shares this machine's cores with the actor processes; "
              "auto (default) sizes them from the env and policy costs the probe measures")

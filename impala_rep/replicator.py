@@ -189,11 +189,16 @@ def _positive_int(value: Any, name: str) -> int:
     return value
 
 
+def _reachable_form(address: str) -> bool:
+    """True for ``[grpc://]HOST:PORT``, False for a TPU name."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    return bool(host) and port.isdigit()
+
+
 def _reachable(address: str, timeout: float = 3.0) -> bool:
-    address = address.split("://", 1)[-1]
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
+    if not _reachable_form(address):
         return True  # a TPU name, not host:port: let the resolver decide
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
             return True
@@ -646,11 +651,17 @@ def _make_tpu(address: Optional[str], num: Optional[int]) -> Replicator:
             tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         strategy = tf.distribute.TPUStrategy(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as exc:
+    except (ValueError, RuntimeError, OSError, tf.errors.OpError) as exc:
+        # OSError: a TPU name (not grpc://HOST:PORT) is looked up through the cloud's metadata
+        # server, which urllib fails to reach off the cloud (URLError is an OSError).
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        named = not local and not _reachable_form(address)
         raise ReplicatorError(
             f"the TPU {address or 'local'!r} could not be initialised ({first}): check that the "
-            "TPU exists and is free, or use kind='cpu' or 'gpu'."
+            "TPU exists and is free"
+            + (" (a TPU name is looked up through the cloud's metadata server; off the cloud, give "
+               "tpu='grpc://HOST:PORT')" if named else "")
+            + ", or use kind='cpu' or 'gpu'."
         ) from None
     replicator = Replicator(strategy, "tpu")
     if num is not None and num != replicator.num_replicas:

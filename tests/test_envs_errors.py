@@ -123,6 +123,8 @@ def test_factory_that_raises_is_chained():
     err = env_error(envs.make, "plugin_envs:make_raising")
     assert "RuntimeError: simulator licence not found" in str(err)
     assert isinstance(err.__cause__, RuntimeError)
+    # The sentence says where (a command line shows it without the chained traceback).
+    assert "(in make_raising, " in str(err) and "plugin_envs.py line " in str(err), str(err)
 
 
 def test_factory_returning_non_env():

@@ -160,6 +160,7 @@ def test_pixel_dm_control_trains_a_few_updates_end_to_end(tmp_path):
     video = tmp_path / "episode.mp4"
     ev = evaluate(logdir, "--episodes", "1", "--video", str(video), "--env-arg", "time_limit=20")
     assert ev.returncode == 0, ev.stderr
+    assert f"video written to {video}" in ev.stdout, ev.stdout
     import imageio.v2 as imageio
 
     frames = imageio.mimread(str(video), memtest=False)

@@ -976,3 +976,18 @@ def test_the_replicators_own_sentences_come_out_in_flag_terms():
     for sentence in advice:
         out = in_flag_terms(sentence)
         assert "kind=" not in out and "tpu=" not in out, (sentence, out)
+
+
+def test_the_learner_alone_takes_param_refresh_lag():
+    # learner.run builds its parser from add_learner_flags alone: a setting the learner's server
+    # applies to remote actors must be there, not only among the launcher's actor flags.
+    import argparse
+
+    from impala_rep.flags import add_learner_flags, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_learner_flags(parser)
+    config = config_from_args(parser.parse_args(["--env", "catch", "--param-refresh-lag", "8"]))
+    assert config.param_refresh_lag == 8
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--param-refresh-lag", "0"])

@@ -190,6 +190,12 @@ def plan_network(config: NetworkConfig, obs_specs: Mapping[str, Any], policy: An
         params[f"{prefix}/kernel"] = (k, k, c_in, c_out)
         params[f"{prefix}/bias"] = (c_out,)
 
+    if config.torso in ("shallow", "deep") and not any(len(spec.shape) == 3 for spec in obs_specs.values()):
+        found = ", ".join(f"{k!r} {list(int(d) for d in obs_specs[k].shape)}" for k in sorted(obs_specs))
+        raise ValueError(
+            f"the {config.torso} torso is a CNN for image observations (height, width, channels), and "
+            f"this env has none ({found}); use the mlp torso (--network mlp, or auto)."
+        )
     torsos = []
     for key in sorted(obs_specs):
         spec = obs_specs[key]

@@ -108,6 +108,18 @@ def test_shallow_torso_rejects_small_images():
     NumpyNetwork(NetworkConfig(torso="deep"), tiny, ACTIONS["categorical"])  # any size works
 
 
+@pytest.mark.parametrize("torso", ["shallow", "deep"])
+def test_cnn_torso_on_vectors_only_is_refused(torso):
+    # A CNN torso asked for where no observation is an image used to build an MLP silently
+    # while config.json and policy.json said shallow/deep.
+    vectors = {"state": ArraySpec("state", (5,), "float32")}
+    with pytest.raises(ValueError, match=f"the {torso} torso is a CNN for image observations.*'state' \\[5\\].*--network mlp"):
+        NumpyNetwork(NetworkConfig(torso=torso), vectors, ACTIONS["categorical"])
+    NumpyNetwork(NetworkConfig(torso="auto"), vectors, ACTIONS["categorical"])  # auto: the MLP
+    mixed = dict(vectors, pixels=ArraySpec("pixels", (84, 84, 3), "uint8"))  # pixels_state: CNN + MLP
+    NumpyNetwork(NetworkConfig(torso=torso), mixed, ACTIONS["categorical"])
+
+
 # -- shapes and parity --
 
 

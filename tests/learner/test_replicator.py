@@ -234,6 +234,22 @@ def test_tpu_without_tpu_is_one_sentence():
     assert "cannot be reached" in str(err.value) and address in str(err.value)
 
 
+def test_tpu_name_that_cannot_be_looked_up_is_one_sentence(monkeypatch):
+    # A TPU name (not grpc://HOST:PORT) is resolved through the cloud's metadata server; off the
+    # cloud urllib raises URLError (an OSError), which came out as a traceback.
+    import urllib.error
+
+    def unreachable(*args, **kwargs):
+        raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", unreachable)
+    with pytest.raises(ReplicatorError) as err:
+        make_replicator("tpu", tpu="my-tpu")
+    _one_sentence(str(err.value))
+    assert "'my-tpu' could not be initialised" in str(err.value) and "metadata server" in str(err.value)
+    assert "tpu='grpc://HOST:PORT'" in str(err.value)
+
+
 GOOD_CLUSTER = {"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, "task": {"type": "worker", "index": 1}}
 
 
