@@ -85,6 +85,10 @@ class TransportError(RuntimeError):
     """The learner answered something the client cannot recover from."""
 
 
+class LearnerFinishedError(TransportError):
+    """The learner's run is over (it answers OUT_OF_RANGE): stop, there is nothing to retry."""
+
+
 class InvalidUnrollError(TransportError, ValueError):
     """The learner rejected an unroll as malformed (INVALID_ARGUMENT); it is not resent."""
 
@@ -490,6 +494,8 @@ class LearnerClient:
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return InvalidUnrollError(f"the learner rejected an unroll: {e.details()}")
         details = e.details() or ""
+        if code == grpc.StatusCode.OUT_OF_RANGE:  # the learner's finish(): the run is over
+            return LearnerFinishedError(f"the learner at {self.address} says: {details}")
         if code == grpc.StatusCode.UNAUTHENTICATED:
             return AuthenticationError(f"the learner refused this client: {_token_problem(details)}; {_TOKEN_ADVICE}")
         if code == grpc.StatusCode.UNAVAILABLE and any(marker in details for marker in _TLS_FAILURES):

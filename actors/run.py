@@ -237,8 +237,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     priority = lower_priority(args.nice)  # before any thread starts
 
     from actors.actor import PolicyDivergedError
-    from actors.client import LearnerClient, LearnerUnavailableError, TransportError
-    from actors.supervisor import DIVERGED_EXIT_CODE
+    from actors.client import LearnerClient, LearnerFinishedError, LearnerUnavailableError, TransportError
+    from actors.supervisor import DIVERGED_EXIT_CODE, FINISHED_EXIT_CODE, SUPERVISED_ENV
 
     stop = threading.Event()
     actor_id = args.actor_id or f"actor-{os.getpid()}"
@@ -263,6 +263,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except LearnerUnavailableError as exc:
         log.error("%s", exc)
         return 3
+    except LearnerFinishedError as exc:
+        log.info("%s: %s Stopping.", actor_id, exc)
+        return FINISHED_EXIT_CODE if os.environ.get(SUPERVISED_ENV) == "1" else 0
     except PolicyDivergedError as exc:
         log.error("%s", exc)
         return DIVERGED_EXIT_CODE
@@ -297,7 +300,7 @@ def _supervise(args, token: Optional[str]) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     sup.start()
     try:
-        while not stop.is_set() and not sup.all_given_up and sup.diverged is None:
+        while not stop.is_set() and not sup.all_done and sup.diverged is None:
             sup.poll()
             time.sleep(1.0)
     finally:
@@ -305,7 +308,10 @@ def _supervise(args, token: Optional[str]) -> int:
     if sup.diverged is not None:
         log.error("%s; stopping every actor process.", sup.diverged)
         return DIVERGED_EXIT_CODE
-    return 1 if sup.all_given_up else 0
+    if sup.all_finished:
+        log.info("the learner's run is over; every actor process has stopped.")
+        return 0
+    return 1 if sup.all_done else 0
 
 
 if __name__ == "__main__":

@@ -25,11 +25,17 @@ import sys
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
-__all__ = ["ActorSupervisor", "ActorProcess", "actor_process_commands", "DIVERGED_EXIT_CODE"]
+__all__ = ["ActorSupervisor", "ActorProcess", "actor_process_commands", "DIVERGED_EXIT_CODE", "FINISHED_EXIT_CODE",
+           "SUPERVISED_ENV"]
 
 # An actor process's exit status when its policy's outputs came out NaN or infinite with the
 # learner's parameters (actors.actor.PolicyDivergedError): restarting it would only repeat that.
 DIVERGED_EXIT_CODE = 4
+# A supervised actor process's exit status when the learner said its run is over
+# (actors.client.LearnerFinishedError); on its own such a process exits 0. Not restarted.
+FINISHED_EXIT_CODE = 5
+# Set in the environment of the processes a supervisor starts, so they exit FINISHED_EXIT_CODE.
+SUPERVISED_ENV = "IMPALA_REP_SUPERVISED"
 
 
 def actor_process_commands(
@@ -75,6 +81,7 @@ class ActorProcess:
     process: Optional[subprocess.Popen] = None
     restarts: int = 0
     given_up: bool = False
+    finished: bool = False  # exited FINISHED_EXIT_CODE: the learner's run is over
     started_at: float = 0.0
 
 
@@ -112,6 +119,7 @@ class ActorSupervisor:
         self._log_dir = log_dir
         self._max_restarts = int(max_restarts)
         self._env = dict(os.environ if env is None else env)
+        self._env[SUPERVISED_ENV] = "1"
         self._stopping = False
         # The first diverged actor's report (DIVERGED_EXIT_CODE), a clause: "actor process i's
         # policy gave NaN or infinite log-probabilities with parameters version N".
@@ -151,13 +159,23 @@ class ActorSupervisor:
     def all_given_up(self) -> bool:
         return all(a.given_up for a in self.actors)
 
+    @property
+    def all_finished(self) -> bool:
+        """Every actor process stopped because the learner said its run is over."""
+        return all(a.finished for a in self.actors)
+
+    @property
+    def all_done(self) -> bool:
+        """No actor process runs any more or will be restarted (finished or given up)."""
+        return all(a.finished or a.given_up for a in self.actors)
+
     def poll(self) -> List[str]:
         """Restarts crashed actors; returns one sentence per event (also logged)."""
         events = []
         if self._stopping:
             return events
         for actor in self.actors:
-            if actor.given_up or actor.process is None:
+            if actor.given_up or actor.finished or actor.process is None:
                 continue
             code = actor.process.poll()
             if code is None:
@@ -165,7 +183,11 @@ class ActorSupervisor:
             reason = describe_exit(code)
             tail = _tail(actor.log_path)
             detail = f"; last output:\n{tail}" if tail else ""
-            if code == DIVERGED_EXIT_CODE:
+            if code == FINISHED_EXIT_CODE:
+                actor.finished = True
+                msg = f"actor process {actor.index} stopped: the learner's run is over"
+                log.info(msg)
+            elif code == DIVERGED_EXIT_CODE:
                 actor.given_up = True
                 if self.diverged is None:
                     version = re.search(r"parameters version (\d+)", tail)

@@ -239,10 +239,10 @@ def main(argv=None) -> int:
     if filled != plan.processes:
         try:
             plan = plan_actors(config.actors, config.env, config.env_kwargs, filled)
-            log.info("plan: %s (%s)", plan.describe(), filled_why)
+            log.info("plan: %s (%s)", plan.describe(), filled_why)  # supersedes the first (scripts read the last)
         except PlanError as exc:  # more processes than memory allows: keep the plan that fits
             log.warning("keeping %d actor process(es): %s", plan.processes, exc)
-    config = dataclasses.replace(config, actor_nice=nice)
+    config = dataclasses.replace(config, actor_nice=nice, actor_processes=plan.processes)  # config.json: what ran
     replicas, replicas_why = cpu_replicas(config, threads)
     if config.learner == "cpu":
         log.info("learner replicas: %d (%s)", replicas, replicas_why)

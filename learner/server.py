@@ -69,6 +69,9 @@ __all__ = [
 PROTOCOL_VERSION = 1
 SERVICE_NAME = "impala_rep.transport.Learner"
 TOKEN_METADATA_KEY = "x-impala-token"
+# What every call gets once the run is over (finish()), with grpc.StatusCode.OUT_OF_RANGE: the
+# actors' client (actors/client.py) stops on it instead of retrying.
+RUN_OVER = "the learner's run is over; it takes no more unrolls."
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 _log = logging.getLogger(__name__)
 
@@ -247,6 +250,7 @@ class LearnerServer:
         self._streams = 0
         self._streams_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._finished = threading.Event()  # finish(): the run is over
         self._server: Optional[grpc.Server] = None
         self.port: Optional[int] = None
         self._handshake = self._build_handshake_template()
@@ -326,12 +330,34 @@ class LearnerServer:
         if port == 0:
             raise OSError(f"could not listen on {target}: {why}")
         self._stopping.clear()
+        self._finished.clear()
         server.start()
         self._server, self.port = server, port
         return port
 
-    def stop(self, grace: Optional[float] = 1.0) -> None:
-        """Stops serving; blocked stream handlers return, in-flight calls get ``grace`` seconds."""
+    def finish(self, drain: float = 2.0) -> None:
+        """Tells the actors that the run is over: from now on every call is answered
+        ``OUT_OF_RANGE`` with :data:`RUN_OVER` (actors then stop instead of retrying until they
+        give up), and open unroll streams end at their next message. Waits up to ``drain``
+        seconds for those streams to end; :meth:`stop` then stops serving."""
+        self._finished.set()
+        deadline = time.monotonic() + max(0.0, float(drain))
+        while time.monotonic() < deadline:
+            with self._streams_lock:
+                if self._streams == 0:
+                    return
+            time.sleep(0.02)
+
+    def _check_running(self, context: grpc.ServicerContext) -> None:
+        if self._finished.is_set():
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, RUN_OVER)
+
+    def stop(self, grace: Optional[float] = 1.0, drain: float = 1.0) -> None:
+        """Stops serving: first :meth:`finish` (the actors are told the run is over; open
+        streams get up to ``drain`` seconds to end), then blocked stream handlers return and
+        in-flight calls get ``grace`` seconds."""
+        if self._server is not None:
+            self.finish(drain)
         self._stopping.set()
         if self._server is not None:
             self._server.stop(grace).wait()
@@ -379,6 +405,7 @@ class LearnerServer:
 
     def _handle_handshake(self, request, context):
         self._check_token(context)
+        self._check_running(context)
         msg = transport_pb2.HandshakeResponse()
         msg.CopyFrom(self._handshake)
         msg.parameter_version = self.params.version
@@ -386,6 +413,7 @@ class LearnerServer:
 
     def _handle_get_parameters(self, request, context):
         self._check_token(context)
+        self._check_running(context)
         self.metrics.count("parameter_requests")
         payload, sent = self.params.reply(request.have_version, self.refresh_lag)
         if sent:
@@ -423,6 +451,7 @@ class LearnerServer:
 
     def _serve_stream(self, request_iterator, context, batches: bool):
         self._check_token(context)
+        self._check_running(context)
         with self._streams_lock:
             if self._streams >= self.max_streams:
                 refused = True
@@ -438,9 +467,11 @@ class LearnerServer:
             )
         self.metrics.count("streams_opened")
         accepted = 0
-        cancelled = lambda: self._stopping.is_set() or not context.is_active()  # noqa: E731
+        cancelled = lambda: (  # noqa: E731
+            self._stopping.is_set() or self._finished.is_set() or not context.is_active())
         try:
             for raw in request_iterator:
+                self._check_running(context)
                 try:
                     # Parsed in place: the queued arrays are views on these bytes (no copies).
                     if batches:
@@ -455,6 +486,7 @@ class LearnerServer:
                 for item in items:
                     try:
                         if not self.queue.put(item, cancelled=cancelled):
+                            self._check_running(context)
                             context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")
                     except QueueClosed:
                         context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")

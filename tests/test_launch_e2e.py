@@ -339,3 +339,34 @@ def test_evaluate_errors_are_sentences(tmp_path):
     (tmp_path / "policy" / "policy.json").write_text("{not json")
     corrupt = evaluate(str(tmp_path))
     assert corrupt.returncode == 2 and "not JSON" in corrupt.stderr and "Traceback" not in corrupt.stderr
+
+
+def test_remote_actors_stop_when_the_learners_run_is_over(tmp_path):
+    # The multi-host shape on one machine: learner.run alone, actors.run (two processes under
+    # its supervisor) pointed at it. When the learner's budget is spent its server tells them the
+    # run is over: they stop with exit status 0 at once, instead of retrying for --give-up-after
+    # seconds and exiting 3 ("unreachable ... is it running?").
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "learner.run", "--env", "catch", "--batch-size", "4", "--unroll-length", "5",
+         "--total-steps", "600", "--checkpoint-interval", "never", "--logdir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    actors = None
+    try:
+        line = learner.stdout.readline()
+        assert line.startswith("learner listening on 127.0.0.1:"), (line, learner.stderr.read()[-3000:])
+        address = line.split()[-1]
+        actors = subprocess.Popen(
+            [sys.executable, "-m", "actors.run", "--learner-address", address, "--actors", "2",
+             "--actor-processes", "2", "--give-up-after", "120"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        assert learner.wait(timeout=300) == 0, learner.stderr.read()[-3000:]
+        t0 = time.monotonic()
+        _, err = actors.communicate(timeout=60)
+        assert actors.returncode == 0, err[-3000:]
+        assert time.monotonic() - t0 < 30, err[-3000:]
+        assert "the learner's run is over" in err and "unreachable" not in err, err[-3000:]
+    finally:
+        for proc in (learner, actors):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -507,6 +507,7 @@ def test_launcher_nices_actors_and_adds_processes_when_the_learner_fills_the_cor
     assert "plan: 32 actors in 2 process(es) (16 envs each)" in caplog.text
     assert "(one per core: niced actors fill the cores the learner's threads leave idle)" in caplog.text
     assert started[-1].actor_nice == 19
+    assert started[-1].actor_processes == 2  # config.json records the processes that ran, not null
     caplog.clear()
     with caplog.at_level("INFO", logger="impala_rep.launch"):
         assert launch.main(base + ["--actor-processes", "1"]) == 2
@@ -991,3 +992,21 @@ def test_the_learner_alone_takes_param_refresh_lag():
     assert config.param_refresh_lag == 8
     with pytest.raises(SystemExit):
         parser.parse_args(["--param-refresh-lag", "0"])
+
+
+def test_supervisor_does_not_restart_an_actor_whose_learner_finished(tmp_path):
+    from actors.supervisor import FINISHED_EXIT_CODE, SUPERVISED_ENV
+
+    # The child sees that it is supervised (and so exits FINISHED_EXIT_CODE, not 0, when the
+    # learner says its run is over); the supervisor then stops counting it, without restarts.
+    finished = [sys.executable, "-c",
+                f"import os, sys; sys.exit({FINISHED_EXIT_CODE} if os.environ.get({SUPERVISED_ENV!r}) == '1' else 9)"]
+    sup = ActorSupervisor([finished, finished], log_dir=str(tmp_path), max_restarts=5)
+    sup.start()
+    events = []
+    try:
+        assert _wait(lambda: events.extend(sup.poll()) or sup.all_finished)
+    finally:
+        sup.stop()
+    assert [a.restarts for a in sup.actors] == [0, 0] and sup.all_done and not sup.all_given_up
+    assert all("the learner's run is over" in e for e in events) and len(events) == 2, events
