@@ -181,9 +181,9 @@ def check_address(address: str) -> Optional[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from impala_rep.flags import MAX_ACTOR_SEED, seed_type  # TensorFlow-free
+    from impala_rep.flags import MAX_ACTOR_SEED, CommandLineParser, seed_type  # TensorFlow-free
 
-    parser = argparse.ArgumentParser(prog="python -m actors.run", description=__doc__.split("\n\n")[0])
+    parser = CommandLineParser(prog="python -m actors.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--learner-address", required=True, help="HOST:PORT of the learner")
     parser.add_argument("--actors", type=int, default=1, help="envs acting in parallel (default 1)")
     parser.add_argument("--actor-processes", type=int, default=1, help="processes sharing the envs (default 1)")

@@ -7,7 +7,6 @@ report, and with ``--video FILE.mp4`` records the pixel observations of the epis
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -140,9 +139,9 @@ def _write_video(path: str, frames: List[np.ndarray], fps: int = 30) -> None:
 def main(argv=None) -> int:
     os.environ.setdefault("MUJOCO_GL", "egl")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from impala_rep.flags import check_output_path, seed_flag
+    from impala_rep.flags import CommandLineParser, check_output_path, seed_flag
 
-    parser = argparse.ArgumentParser(prog="python -m impala_rep.evaluate", description=__doc__.split("\n\n")[0])
+    parser = CommandLineParser(prog="python -m impala_rep.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="run directory (uses RUN_DIR/policy) or exported policy directory")
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--greedy", action="store_true", help="act with the policy's mode instead of sampling")

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_PARAM_REFRESH_LAG, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
 
-__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms"]
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser"]
 
 
 # make_replicator's errors name its arguments (kind=, tpu=, num_replicas=); on the command line
@@ -34,6 +34,15 @@ def in_flag_terms(message: str) -> str:
     for pattern, flag in _ARGUMENTS_AS_FLAGS:
         message = pattern.sub(flag, message)
     return message
+
+
+class CommandLineParser(argparse.ArgumentParser):
+    """The entry points' parser: a bad flag is the one sentence that says what is wrong and
+    where the flags are listed, without argparse's usage block (dozens of lines of flags) in
+    front of it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the flags.)\n")
 
 
 class UsageError(ValueError):

@@ -24,9 +24,9 @@ log = logging.getLogger("impala_rep.launch")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from impala_rep.flags import add_actor_flags, add_learner_flags
+    from impala_rep.flags import CommandLineParser, add_actor_flags, add_learner_flags
 
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="python -m impala_rep.launch",
         description="Train an IMPALA agent: a learner in this process, actor processes beside it.",
     )

@@ -17,7 +17,6 @@ process`` (the default on GPU and TPU learners), in a child process of their own
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import logging
@@ -127,6 +126,11 @@ class Trainer:
         from learner.queue import UnrollQueue
         from learner.server import LearnerServer
 
+        # --no-resume: the earlier run's parts are moved aside (one time stamp for all of them)
+        # before anything of this run is written, so that the two runs do not mix.
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        if not config.resume:
+            set_aside_earlier_run(config.logdir, stamp)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, os.path.join(config.logdir, "checkpoints"), max_to_keep=config.keep_checkpoints
         )
@@ -185,7 +189,8 @@ class Trainer:
         self._returns: collections.deque = collections.deque(maxlen=100)
         self._writer = tf.summary.create_file_writer(os.path.join(config.logdir, "summaries"))
         self._scalars = ScalarWriter(self._writer)
-        self._metrics_file = open_metrics_log(os.path.join(config.logdir, "metrics.jsonl"), fresh=not config.resume)
+        self._metrics_file = open_metrics_log(os.path.join(config.logdir, "metrics.jsonl"),
+                                             fresh=not config.resume, stamp=stamp)
         self._last_checkpoint = time.monotonic()
         # Set (to a sentence) when an update made the parameters non-finite: training stops and
         # nothing from that update on is saved, so the last checkpoint and export stay good.
@@ -321,6 +326,8 @@ class Trainer:
 
     # Seconds the last evaluation may take once training has stopped.
     FINAL_EVAL_TIMEOUT_S = 600.0
+    # The shortest window that training's last record may cover (its rates divide by it).
+    MIN_RECORD_WINDOW_S = 1e-3
 
     def _report_eval(self, result: Optional["EvalResult"]) -> None:
         import tensorflow as tf
@@ -404,6 +411,21 @@ class Trainer:
         window_t, window_steps, window_agent = time.monotonic(), self.learner_step, int(self.agent_steps.numpy())
         extra: Dict[str, Any] = {}
         lag: Dict[str, float] = {}
+        metrics: Dict[str, Any] = {}
+
+        def close_window(now: float) -> None:
+            """Writes the record and progress line of the window that ends ``now``."""
+            nonlocal window_t, window_steps, window_agent, replayed, trained, extra
+            elapsed = now - window_t
+            steps = self.learner_step - window_steps
+            agent = int(self.agent_steps.numpy()) - window_agent
+            if cfg.replay_ratio > 0:
+                extra = dict(extra, replayed_share=replayed / max(1, trained))
+                replayed = trained = 0
+            record = self._record(metrics, lag, extra, steps / elapsed, agent / elapsed)
+            self._log_progress(record)
+            window_t, window_steps, window_agent = now, self.learner_step, int(self.agent_steps.numpy())
+
         while not self.done() and not (stop is not None and stop.is_set()):
             if max_learner_steps is not None and self.learner_step - start_step >= max_learner_steps:
                 break
@@ -455,20 +477,22 @@ class Trainer:
             self._returns.extend(float(r) for r in batch.episode_returns)
             now = time.monotonic()
             if now - window_t >= cfg.log_interval_s:
-                steps = self.learner_step - window_steps
-                agent = int(self.agent_steps.numpy()) - window_agent
-                if cfg.replay_ratio > 0:
-                    extra = dict(extra, replayed_share=replayed / max(1, trained))
-                    replayed = trained = 0
-                record = self._record(metrics, lag, extra, steps / (now - window_t), agent / (now - window_t))
-                self._log_progress(record)
-                window_t, window_steps, window_agent = now, self.learner_step, int(self.agent_steps.numpy())
+                close_window(now)
             if now - self._last_checkpoint >= cfg.checkpoint_interval_s:
                 if not self._settle_publisher():
                     break  # a checkpoint holds only parameters that passed the finite check
                 self.save()
             if self.evaluator is not None:
                 self._report_eval(self.evaluator.poll())
+        # Training ended (budget, time budget, stop, or max_learner_steps): the steps trained since
+        # the last record get a record of their own, so a run shorter than --log-interval records
+        # what it did. Not with --log-interval never, nor after a divergence (nothing from the bad
+        # step on is published; the publisher's check of the last steps is awaited first).
+        if (self.learner_step > window_steps and math.isfinite(cfg.log_interval_s)
+                and self._settle_publisher() and self.diverged is None):
+            now = time.monotonic()
+            if now - window_t >= self.MIN_RECORD_WINDOW_S:  # rates over a window this short mean nothing
+                close_window(now)
         return self.last_metrics
 
     def _settle_publisher(self, wait: bool = True) -> bool:
@@ -655,17 +679,68 @@ def lock_run_dir(logdir: str):
     return lock
 
 
-def open_metrics_log(path: str, fresh: bool = False):
+# What --no-resume moves aside from an earlier run in the run directory, into before-<time>/
+# (its metrics.jsonl is kept beside them as metrics-before-<time>.jsonl: open_metrics_log).
+EARLIER_RUN_PARTS = ("checkpoints", "summaries", "policy", "eval")
+
+
+def set_aside_earlier_run(logdir: str, stamp: str) -> Optional[str]:
+    """--no-resume: moves the earlier run's checkpoints, summaries, policy export and evaluation
+    reports (those of :data:`EARLIER_RUN_PARTS` that hold anything) into ``LOGDIR/before-<stamp>/``,
+    so that a new run's checkpoints and TensorBoard events are not mixed with them; nothing is
+    deleted. Returns that directory (None when there was nothing to move); raises ValueError
+    with a sentence when a part cannot be moved, after putting back what was moved."""
+    def holds_anything(path: str) -> bool:
+        try:
+            return bool(os.listdir(path))
+        except OSError:  # unreadable: moving it says why, if it cannot
+            return True
+
+    parts = [part for part in EARLIER_RUN_PARTS
+             if os.path.isdir(os.path.join(logdir, part)) and holds_anything(os.path.join(logdir, part))]
+    if not parts:
+        return None
+    base = os.path.join(logdir, f"before-{stamp}")
+    kept, n = base, 1
+    while os.path.lexists(kept):  # two fresh starts in one second
+        kept, n = f"{base}-{n}", n + 1
+    moved = []
+    try:
+        os.mkdir(kept)
+        for part in parts:
+            os.rename(os.path.join(logdir, part), os.path.join(kept, part))
+            moved.append(part)
+    except OSError as exc:
+        for part in reversed(moved):  # leave the run directory as it was
+            try:
+                os.rename(os.path.join(kept, part), os.path.join(logdir, part))
+            except OSError:
+                pass
+        try:
+            os.rmdir(kept)
+        except OSError:
+            pass
+        raise ValueError(
+            f"--no-resume cannot move the earlier run's {', '.join(parts)} aside into {kept} "
+            f"({exc.strerror or exc}): move them away yourself, or give this run another --logdir."
+        ) from None
+    log.info("--no-resume: the earlier run's %s moved to %s", ", ".join(parts), kept)
+    return kept
+
+
+def open_metrics_log(path: str, fresh: bool = False, stamp: Optional[str] = None):
     """Opens ``metrics.jsonl`` for appending; a record that an earlier run left half-written
     (it was killed mid-line) is cut off first, so that the next record starts a line.
 
     ``fresh`` (a run started with --no-resume): an earlier run's records are kept, renamed to
-    ``metrics-before-<time>.jsonl``, instead of mixed with the new run's.
+    ``metrics-before-<stamp>.jsonl`` (``stamp`` defaults to the time now), instead of mixed with
+    the new run's.
     """
     if os.path.isdir(path):
         raise ValueError(f"{path} is a directory, and the run writes its metrics there; move it away.")
     if fresh and os.path.isfile(path) and os.path.getsize(path) > 0:
-        stem = os.path.join(os.path.dirname(path), time.strftime("metrics-before-%Y%m%d-%H%M%S"))
+        stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+        stem = os.path.join(os.path.dirname(path), f"metrics-before-{stamp}")
         kept, n = stem + ".jsonl", 1
         while os.path.exists(kept):  # two fresh starts in one second
             kept, n = f"{stem}-{n}.jsonl", n + 1
@@ -720,11 +795,11 @@ def start_trainer(config: RunConfig, env_spec: EnvSpec):
 
 
 def main(argv=None) -> int:
-    from impala_rep.flags import add_learner_flags, config_from_args
+    from impala_rep.flags import CommandLineParser, add_learner_flags, config_from_args
     from impala_rep.probe import probe_env_spec
 
     configure_logging()
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="python -m learner.run",
         description="Run the learner alone; start actors elsewhere with python -m actors.run --learner-address HOST:PORT.",
     )

@@ -330,6 +330,7 @@ def test_bad_flags_give_a_sentence_not_a_traceback(tmp_path, args, message):
     assert message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "kind=" not in proc.stderr and "num_replicas" not in proc.stderr, proc.stderr[-2000:]  # flags, not arguments
+    assert "usage:" not in proc.stderr, proc.stderr[-2000:]  # the sentence, not argparse's list of every flag
 
 
 def test_evaluate_errors_are_sentences(tmp_path):

@@ -553,7 +553,8 @@ def test_actors_run_with_several_processes_supervises_the_split(monkeypatch):
     seen = {}
 
     class GivesUp:  # stands in for the supervisor: records what it would start, then gives up
-        all_given_up = True
+        all_given_up = all_done = True
+        all_finished = False
         diverged = None
 
         def __init__(self, commands, max_restarts, env):
@@ -579,13 +580,23 @@ def test_actors_run_with_several_processes_supervises_the_split(monkeypatch):
 
     # A process that found the run diverged stops the others and the exit status says so.
     class Diverged(GivesUp):
-        all_given_up = False
+        all_given_up = all_done = False
         diverged = "actor process 1's policy gave NaN or infinite log-probabilities with parameters version 3"
 
     monkeypatch.setattr(actors.supervisor, "ActorSupervisor", Diverged)
     seen.clear()
     code = actors.run.main(["--learner-address", "127.0.0.1:1", "--actors", "2", "--actor-processes", "2"])
     assert code == actors.supervisor.DIVERGED_EXIT_CODE and seen["stopped"]
+
+    # Every process stopped because the learner's run is over: a normal end, status 0.
+    class Finished(GivesUp):
+        all_given_up = False
+        all_finished = all_done = True
+
+    monkeypatch.setattr(actors.supervisor, "ActorSupervisor", Finished)
+    seen.clear()
+    code = actors.run.main(["--learner-address", "127.0.0.1:1", "--actors", "2", "--actor-processes", "2"])
+    assert code == 0 and seen["stopped"]
 
 
 def test_actor_process_env_sets_one_thread_each_and_egl_unless_set(monkeypatch):
@@ -1010,3 +1021,15 @@ def test_supervisor_does_not_restart_an_actor_whose_learner_finished(tmp_path):
         sup.stop()
     assert [a.restarts for a in sup.actors] == [0, 0] and sup.all_done and not sup.all_given_up
     assert all("the learner's run is over" in e for e in events) and len(events) == 2, events
+
+
+def test_a_bad_flag_is_one_sentence_without_the_usage_block(capsys):
+    from impala_rep.launch import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--actors", "zero"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.startswith("python -m impala_rep.launch: error: argument --actors: expected a positive integer")
+    assert "usage:" not in err and err.rstrip().endswith("(`python -m impala_rep.launch --help` lists the flags.)")
+    assert len(err.strip().splitlines()) == 2, err

@@ -11,9 +11,10 @@ from impala_rep.config import ConfigError, RunConfig
 from impala_rep.flags import config_from_args
 from impala_rep.launch import build_parser
 from impala_rep.probe import probe_env_spec
-from learner.batcher import Batch
 from learner.params import BackgroundPublisher, ParameterStore
 from learner.run import Trainer, params_finite
+
+from fake_batches import FixedBatches
 
 
 def _w(value):
@@ -110,38 +111,6 @@ def _config(logdir, overlap):
     return RunConfig(env="catch", logdir=str(logdir), batch_size=4, unroll_length=5, total_steps=10**9,
                      log_interval_s=1.0, overlap_publish=overlap)
 
-
-class FixedBatches:
-    """Stands in for the trainer's batcher: random batches of its spec, as many as asked for."""
-
-    def __init__(self, spec, n, batch_size=4, seed=0):
-        rng = np.random.default_rng(seed)
-        self.left = n
-        self.batches = []
-        for _ in range(n):
-            tensors = {}
-            for key, s in spec.items():
-                if key == "step_type":
-                    tensors[key] = np.ones(s.shape, np.uint8)
-                elif key == "discount":
-                    tensors[key] = np.ones(s.shape, np.float32)
-                elif s.num_values is not None:
-                    tensors[key] = rng.integers(0, s.num_values, s.shape).astype(s.dtype)
-                elif np.dtype(s.dtype).kind in "ui":
-                    tensors[key] = rng.integers(0, 2, s.shape).astype(s.dtype)
-                else:
-                    tensors[key] = (rng.normal(size=s.shape) - (3.0 if key == "behaviour_log_prob" else 0.0)).astype(s.dtype)
-            tensors["policy_version"] = np.zeros(batch_size, np.int64)
-            self.batches.append(Batch(tensors, np.zeros(0), np.zeros(0, np.int64), []))
-
-    def next_batch(self, timeout=None):
-        if not self.batches:
-            time.sleep(timeout or 0)
-            raise TimeoutError
-        return self.batches.pop(0)
-
-    def close(self):
-        pass
 
 
 def test_auto_overlaps_only_off_the_cpu(tmp_path, catch_spec):
