@@ -228,9 +228,13 @@ class Trainer:
             objects.pop("train_seconds")
             checkpoint = tf.train.Checkpoint(agent_steps=self.agent_steps, **objects)
             log.info("%s does not record the training time (an older checkpoint): it counts from 0", latest)
+        status = None
         try:
-            checkpoint.restore(latest).assert_existing_objects_matched()
+            status = checkpoint.restore(latest)
+            status.assert_existing_objects_matched()
         except (AssertionError, ValueError, IndexError, tf.errors.OpError) as exc:
+            if status is not None:  # the sentence below says what failed: no warnings about it at exit
+                status.expect_partial()
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(
                 f"cannot resume from {latest}: it is corrupt or was written by a run with other settings "
