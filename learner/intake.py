@@ -651,8 +651,10 @@ def _serve(chan: _Channel, memory_path: str) -> int:
                 break
     finally:
         stopping.set()
-        unroll_queue.close()
+        # The server first: it tells the actors that the run is over (LearnerServer.stop), which
+        # they would not hear from streams the closed queue had already ended.
         server.stop(grace)
+        unroll_queue.close()
         filler.join(5)
     return 0
 

@@ -352,6 +352,12 @@ class LearnerServer:
         if self._finished.is_set():
             context.abort(grpc.StatusCode.OUT_OF_RANGE, RUN_OVER)
 
+    def _abort_stopping(self, context: grpc.ServicerContext) -> None:
+        """Ends a stream whose unroll could not be queued (the learner is stopping or its queue
+        closed): the run is over once finish() was called, else the actor should reconnect."""
+        self._check_running(context)
+        context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")
+
     def stop(self, grace: Optional[float] = 1.0, drain: float = 1.0) -> None:
         """Stops serving: first :meth:`finish` (the actors are told the run is over; open
         streams get up to ``drain`` seconds to end), then blocked stream handlers return and
@@ -486,10 +492,9 @@ class LearnerServer:
                 for item in items:
                     try:
                         if not self.queue.put(item, cancelled=cancelled):
-                            self._check_running(context)
-                            context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")
+                            self._abort_stopping(context)
                     except QueueClosed:
-                        context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")
+                        self._abort_stopping(context)
                     self.metrics.accept(item.nbytes)
                     accepted += 1
         finally:

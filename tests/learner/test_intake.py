@@ -469,6 +469,35 @@ def test_invalid_unrolls_are_rejected_through_the_child_and_counted():
         intake.stop()
 
 
+def test_stop_tells_a_streaming_actor_that_the_run_is_over():
+    # As LearnerServer.stop() in the learner's process: the child's queue is full (nothing takes
+    # batches any more) and an actor is streaming when the learner stops the intake; the actor
+    # must learn that the run is over, not find the learner gone and retry until it gives up.
+    from actors.client import LearnerFinishedError
+
+    spec = _spec()
+    intake = _intake(spec, batch_size=4, queue_capacity=4)
+    intake.start()
+    client = LearnerClient(intake.address, actor_id="a", unrolls_per_message=1, give_up_after_s=60)
+    rng = np.random.default_rng(0)
+    try:
+        for i in range(40):  # more than the slots and the queue hold: the rest waits in the stream
+            client.send(_unroll(spec, rng, tag=i), policy_version=0, timeout=20)
+        _wait_for(lambda: intake.snapshot_metrics()["queue_fill"] == 1.0, 20, "a full queue")
+        intake.stop()
+        t0 = time.monotonic()
+        with pytest.raises(LearnerFinishedError):
+            while time.monotonic() - t0 < 20:  # the outbox may stay full while the stream ends
+                try:
+                    client.send(_unroll(spec, rng), policy_version=0, timeout=1)
+                except TimeoutError:
+                    pass
+                time.sleep(0.05)
+    finally:
+        client.close(drain=False, timeout=2)
+        intake.stop()
+
+
 # ---------------------------------------------------------------------------------- ProcessIntake: failures
 
 
