@@ -189,18 +189,18 @@ def _positive_int(value: Any, name: str) -> int:
     return value
 
 
-def _reachable_form(address: str) -> bool:
-    """True for ``[grpc://]HOST:PORT``, False for a TPU name."""
+def _host_port(address: str) -> Optional[Tuple[str, int]]:
+    """``(HOST, PORT)`` of ``[grpc://]HOST:PORT``; None for a TPU name."""
     host, _, port = address.split("://", 1)[-1].rpartition(":")
-    return bool(host) and port.isdigit()
+    return (host, int(port)) if host and port.isdigit() else None
 
 
 def _reachable(address: str, timeout: float = 3.0) -> bool:
-    if not _reachable_form(address):
+    host_port = _host_port(address)
+    if host_port is None:
         return True  # a TPU name, not host:port: let the resolver decide
-    host, _, port = address.split("://", 1)[-1].rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
+        with socket.create_connection(host_port, timeout=timeout):
             return True
     except OSError:
         return False
@@ -655,7 +655,7 @@ def _make_tpu(address: Optional[str], num: Optional[int]) -> Replicator:
         # OSError: a TPU name (not grpc://HOST:PORT) is looked up through the cloud's metadata
         # server, which urllib fails to reach off the cloud (URLError is an OSError).
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        named = not local and not _reachable_form(address)
+        named = not local and _host_port(address) is None
         raise ReplicatorError(
             f"the TPU {address or 'local'!r} could not be initialised ({first}): check that the "
             "TPU exists and is free"
