@@ -208,7 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    from impala_rep.flags import configure_logging  # TensorFlow-free
+
+    configure_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.actors < 1:

@@ -138,8 +138,9 @@ def _write_video(path: str, frames: List[np.ndarray], fps: int = 30) -> None:
 
 def main(argv=None) -> int:
     os.environ.setdefault("MUJOCO_GL", "egl")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from impala_rep.flags import CommandLineParser, check_output_path, seed_flag
+    from impala_rep.flags import CommandLineParser, check_output_path, configure_logging, seed_flag
+
+    configure_logging("%(message)s")
 
     parser = CommandLineParser(prog="python -m impala_rep.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="run directory (uses RUN_DIR/policy) or exported policy directory")

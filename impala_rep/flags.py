@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import re
@@ -24,6 +25,20 @@ _ARGUMENTS_AS_FLAGS = (
     (re.compile(r"num_replicas=(\d+)"), r"--replicas \1"),
     (re.compile(r"\bnum_replicas\b"), "--replicas"),
 )
+
+
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+# Libraries that log at INFO when imported or first used: dm_control's OpenGL and MuJoCo
+# banners (through absl), PyOpenGL's missing accelerator, TensorFlow's and h5py's notes.
+QUIET_LOGGERS = ("absl", "OpenGL", "tensorflow", "h5py")
+
+
+def configure_logging(fmt: str = LOG_FORMAT) -> None:
+    """The entry points' logging: INFO and above to stderr in ``fmt``, the libraries named in
+    :data:`QUIET_LOGGERS` from WARNING only (their start-up lines are noise before an error)."""
+    logging.basicConfig(level=logging.INFO, format=fmt, datefmt="%H:%M:%S")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def in_flag_terms(message: str) -> str:

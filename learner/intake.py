@@ -59,6 +59,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from impala_rep.flags import configure_logging
 from impala_rep.specs import ArraySpec
 from learner.batcher import Batch, batch_layout
 from learner.queue import QueueClosed
@@ -664,7 +665,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="the socket to the learner")
     parser.add_argument("--memory", required=True, help="the shared-memory file of batch and parameter slots")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s intake %(levelname)s %(message)s")
+    configure_logging("%(asctime)s intake %(levelname)s %(message)s")
     chan = _Channel(Connection(args.fd))
     try:
         return _serve(chan, args.memory)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 import numpy as np
 
 from impala_rep.config import RunConfig, actor_view, frame_stack_keys
-from impala_rep.flags import check_logdir
+from impala_rep.flags import check_logdir, configure_logging as configure_base_logging
 from impala_rep.specs import ArraySpec, EnvSpec, stacked_observation_specs, unroll_spec
 from learner.summaries import ScalarWriter
 
@@ -630,11 +630,7 @@ def configure_threads(learner_threads: Optional[int], cpu_replicas: int = 1) -> 
 
 
 def configure_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
-    )
-    for noisy in ("absl", "tensorflow", "h5py"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_base_logging()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 

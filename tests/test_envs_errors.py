@@ -263,3 +263,28 @@ def test_import_has_no_side_effects_and_mujoco_gl_defaults_to_egl():
     )
     assert out.returncode == 0, out.stderr
     assert "MUJOCO_GL egl" in out.stdout
+
+
+@pytest.mark.parametrize("entry_point_logging", [False, True])
+def test_entry_points_keep_dm_control_start_up_lines_out_of_an_error(entry_point_logging):
+    """An unknown id imports dm_control (to suggest close task ids), whose import logs OpenGL and
+    MuJoCo banners at INFO; the entry points' configure_logging keeps them out, so the error is
+    what the user sees. Without it (plain INFO logging, the control) the banners are there."""
+    setup = (
+        "from impala_rep.flags import configure_logging; configure_logging('%(message)s')"
+        if entry_point_logging
+        else "import logging; logging.basicConfig(level=logging.INFO, format='%(message)s')"
+    )
+    out = _run(
+        setup
+        + "\nimport envs\ntry:\n    envs.make('cartpole-swingup')\nexcept envs.EnvError as e:\n    print('ENVERROR', e)\n",
+        MUJOCO_GL="egl",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "ENVERROR unknown env id 'cartpole-swingup' (did you mean dmc/cartpole-swingup" in out.stdout, out.stdout
+    banners = ("attempting to import specified OpenGL backend", "MuJoCo library version", "OpenGL_accelerate")
+    shown = [b for b in banners if b in out.stderr]
+    if entry_point_logging:
+        assert not shown, out.stderr
+    else:
+        assert shown, out.stderr
