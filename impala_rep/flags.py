@@ -33,12 +33,35 @@ LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 QUIET_LOGGERS = ("absl", "OpenGL", "tensorflow", "h5py")
 
 
+class OnceFilter(logging.Filter):
+    """Passes each distinct message once. MuJoCo warns through absl on every model it compiles
+    (dm_control's cheetah: "compiler attribute 'settotalmass' is deprecated", once per env, 16
+    times in an actor process); once says it. Remembers ``limit`` messages, then passes all."""
+
+    def __init__(self, limit: int = 1000):
+        super().__init__()
+        self._seen: set = set()
+        self._limit = limit
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, record.getMessage())
+        if key in self._seen:
+            return False
+        if len(self._seen) < self._limit:
+            self._seen.add(key)
+        return True
+
+
 def configure_logging(fmt: str = LOG_FORMAT) -> None:
     """The entry points' logging: INFO and above to stderr in ``fmt``, the libraries named in
-    :data:`QUIET_LOGGERS` from WARNING only (their start-up lines are noise before an error)."""
+    :data:`QUIET_LOGGERS` from WARNING only (their start-up lines are noise before an error),
+    and absl's (MuJoCo's, dm_control's) repeated warnings once (:class:`OnceFilter`)."""
     logging.basicConfig(level=logging.INFO, format=fmt, datefmt="%H:%M:%S")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, OnceFilter) for f in absl.filters):
+        absl.addFilter(OnceFilter())
 
 
 def in_flag_terms(message: str) -> str:

@@ -2,6 +2,7 @@
 accepted. Also plug-in loading, ``parse_env_args`` and side-effect-free import.
 """
 
+import logging
 import os
 import subprocess
 import sys
@@ -288,3 +289,30 @@ def test_entry_points_keep_dm_control_start_up_lines_out_of_an_error(entry_point
         assert not shown, out.stderr
     else:
         assert shown, out.stderr
+
+
+@pytest.mark.parametrize("entry_point_logging", [False, True])
+def test_entry_points_log_a_repeated_mujoco_warning_once(entry_point_logging):
+    """MuJoCo warns about dm_control's cheetah model on every env made (16 lines in an actor
+    process); with the entry points' logging the warning is logged once per process."""
+    setup = (
+        "from impala_rep.flags import configure_logging; configure_logging('%(message)s')"
+        if entry_point_logging
+        else "import logging; logging.basicConfig(level=logging.INFO, format='%(message)s')"
+    )
+    out = _run(setup + "\nimport envs\nfor seed in range(3):\n    envs.make('dmc/cheetah-run', seed=seed, size=8)\n",
+               MUJOCO_GL="egl")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("settotalmass") == (1 if entry_point_logging else 3), out.stderr
+
+
+def test_once_filter_passes_each_message_once_and_stops_remembering_at_its_limit():
+    from impala_rep.flags import OnceFilter
+
+    def record(msg, level=30):
+        return logging.LogRecord("absl", level, __file__, 1, msg, None, None)
+
+    once = OnceFilter(limit=2)
+    assert [once.filter(record(m)) for m in ("a", "a", "b", "a", "b")] == [True, False, True, False, False]
+    assert once.filter(record("a", level=40))  # another level is another message
+    assert once.filter(record("c")) and once.filter(record("c"))  # past the limit: not remembered
