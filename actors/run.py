@@ -188,7 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--actors", type=int, default=1, help="envs acting in parallel (default 1)")
     parser.add_argument("--actor-processes", type=int, default=1, help="processes sharing the envs (default 1)")
     parser.add_argument("--actor-id", default=None, help="name in the learner's metrics (default actor-PID)")
-    parser.add_argument("--seed", type=seed_type(MAX_ACTOR_SEED), default=0)
+    parser.add_argument("--seed", type=seed_type(MAX_ACTOR_SEED), default=None,
+                        help="seeds the envs and the action sampling (default: drawn at random and logged, so that "
+                             "actor hosts started alike do not act alike; give it to repeat a run)")
+    parser.add_argument("--log-dir", default=None, metavar="DIR",
+                        help="with --actor-processes above 1: each process logs to DIR/actor-I.log, and a crash "
+                             "quotes its last lines (default: they log to this process's output)")
     parser.add_argument("--token", default=None, help="the learner's shared token (default $IMPALA_REP_TOKEN)")
     parser.add_argument("--tls-ca", default=None, help="PEM certificate to trust; enables TLS")
     parser.add_argument("--give-up-after", type=float, default=300.0,
@@ -208,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from impala_rep.flags import configure_logging  # TensorFlow-free
+    from impala_rep.flags import MAX_ACTOR_SEED, configure_logging  # TensorFlow-free
 
     configure_logging()
     parser = build_parser()
@@ -232,6 +237,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"--max-actor-restarts must be 0 or more, got {args.max_actor_restarts}.")
     if args.tls_ca is not None and not os.path.isfile(args.tls_ca):
         parser.error(f"--tls-ca {args.tls_ca} is not a file; give the learner's PEM certificate.")
+    if args.seed is None:
+        import secrets
+
+        # Room for the supervised processes' offsets (seed + 1000 * (i + 1)).
+        args.seed = secrets.randbelow(MAX_ACTOR_SEED - 1000 * (args.actor_processes + 1))
+        log.info("seed %d (drawn at random; --seed %d repeats it)", args.seed, args.seed)
+    elif args.actor_processes > 1 and args.seed + 1000 * args.actor_processes > MAX_ACTOR_SEED:
+        parser.error(f"--seed {args.seed} leaves no room for the {args.actor_processes} actor processes' seeds "
+                     f"(process i gets seed + 1000 * (i + 1)); give a seed of at most "
+                     f"{MAX_ACTOR_SEED - 1000 * args.actor_processes}.")
+    if args.log_dir is not None and args.actor_processes == 1:
+        parser.error("--log-dir names where --actor-processes' processes log; with one process the output is "
+                     "this process's own (redirect it instead).")
     token = args.token or os.environ.get("IMPALA_REP_TOKEN") or None
 
     if args.actor_processes > 1:
@@ -291,12 +309,17 @@ def _supervise(args, token: Optional[str]) -> int:
     # This mostly idle parent keeps its own priority.
     commands = actor_process_commands(
         args.learner_address, split_envs(args.actors, args.actor_processes), args.seed,
-        id_prefix=args.actor_id or "actor", nice=args.nice, tls_ca=args.tls_ca, give_up_after=args.give_up_after,
+        id_prefix=args.actor_id or f"actor-{os.getpid()}", nice=args.nice, tls_ca=args.tls_ca, give_up_after=args.give_up_after,
         unrolls_per_message=args.unrolls_per_message, param_prefetch_steps=args.param_prefetch_steps)
     env = dict(os.environ)
     if token:
         env["IMPALA_REP_TOKEN"] = token
-    sup = ActorSupervisor(commands, max_restarts=args.max_actor_restarts, env=env)
+    try:
+        sup = ActorSupervisor(commands, log_dir=args.log_dir, max_restarts=args.max_actor_restarts, env=env)
+    except OSError as exc:
+        log.error("cannot write the actor processes' logs in --log-dir %s (%s); give a writable directory.",
+                  args.log_dir, exc.strerror or exc)
+        return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

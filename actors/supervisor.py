@@ -2,7 +2,8 @@
 
 TensorFlow-free. Each actor process is a fresh interpreter (``python -m actors.run ...``),
 never a fork of the learner, so it never inherits TensorFlow. Its output goes to a log file
-whose last lines are quoted when it crashes.
+whose last lines are quoted when it crashes, or, without a log directory, to this process's
+own stdout and stderr.
 
 Usage::
 
@@ -132,10 +133,13 @@ class ActorSupervisor:
         ]
 
     def _spawn(self, actor: ActorProcess) -> None:
-        out = open(actor.log_path, "ab") if actor.log_path else subprocess.DEVNULL
+        # Without a log file the child writes where this process does: its reasons (a refused
+        # token, a TLS mistake, an env the learner's spec does not match) are never discarded.
+        out = open(actor.log_path, "ab") if actor.log_path else None
         try:
             actor.process = subprocess.Popen(
-                actor.command, stdout=out, stderr=subprocess.STDOUT, env=self._env, start_new_session=True
+                actor.command, stdout=out, stderr=subprocess.STDOUT if out else None, env=self._env,
+                start_new_session=True,
             )
         finally:
             if actor.log_path:
