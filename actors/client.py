@@ -477,8 +477,14 @@ class LearnerClient:
                 raise ValueError(f"tensor {name!r} has shape {list(np.shape(arr))}; expected {list(spec.shape)}.")
 
     def _sleep_backoff(self, attempt: int, since: float, what: str, error: grpc.RpcError) -> None:
+        self._raise_fatal()  # the sender thread may have learnt the run is over (or worse) meanwhile
         if self._give_up is not None and time.monotonic() - since > self._give_up:
             details = error.details() or ""
+            if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # it answers, but refuses this client
+                raise LearnerUnavailableError(
+                    f"the learner at {self.address} has refused this client for {self._give_up:.0f} s "
+                    f"({what}: RESOURCE_EXHAUSTED: {details.rstrip('.')})."
+                )
             raise LearnerUnavailableError(
                 f"the learner at {self.address} has been unreachable for {self._give_up:.0f} s "
                 f"({what}: {error.code().name}: {details}); is it running?{self._tls_hint(details)}"
@@ -488,6 +494,7 @@ class LearnerClient:
         delay = delay / 2 + random.uniform(0, delay / 2)  # jitter
         if self._closing.wait(delay):
             raise TransportError("the client was closed while waiting for the learner.")
+        self._raise_fatal()
 
     def _classify(self, e: grpc.RpcError) -> Optional[BaseException]:
         code = e.code()
@@ -635,6 +642,11 @@ class LearnerClient:
                 attempt += 1
             except TransportError as err:  # handshake found a fatal problem
                 self._fatal = err
+                return
+            except grpc.FutureCancelledError:
+                if self._closing.is_set():  # close() cancelled a stream the learner did not read
+                    return
+                self._fatal = TransportError("the unroll stream was cancelled; reconnect with a new client.")
                 return
             except Exception as err:  # noqa: BLE001 - surface anything unexpected to the caller
                 self._fatal = TransportError(f"the sender thread failed: {err!r}")

@@ -28,6 +28,9 @@ DEFAULT_PARAM_PREFETCH_STEPS = 2
 # actors on their first parameters for a whole run.
 DEFAULT_PARAM_REFRESH_LAG = 1
 MAX_PARAM_REFRESH_LAG = 1000
+# Unroll streams a learner serves at once (one per actor process); more are refused and retry.
+DEFAULT_MAX_ACTOR_STREAMS = 64
+MAX_ACTOR_STREAMS = 4096
 # Intervals that may be infinite (never); config.json writes them as null.
 NEVER_KEYS = ("checkpoint_interval_s", "log_interval_s")
 
@@ -106,6 +109,7 @@ class RunConfig:
     actor_nice: int = DEFAULT_ACTOR_NICE
     unrolls_per_message: int = DEFAULT_UNROLLS_PER_MESSAGE
     param_refresh_lag: int = DEFAULT_PARAM_REFRESH_LAG
+    max_actor_streams: int = DEFAULT_MAX_ACTOR_STREAMS
     jit_compile: bool = False
     learner_precision: str = "float32"
     overlap_publish: str = "auto"
@@ -190,6 +194,12 @@ class RunConfig:
             raise ConfigError(
                 f"param-refresh-lag must be a whole number of learner versions from 1 (actors get every new version) "
                 f"to {MAX_PARAM_REFRESH_LAG}, got {self.param_refresh_lag!r}."
+            )
+        if isinstance(self.max_actor_streams, bool) or not isinstance(self.max_actor_streams, int) \
+                or not 1 <= self.max_actor_streams <= MAX_ACTOR_STREAMS:
+            raise ConfigError(
+                f"max-actor-streams must be a whole number of actor processes from 1 to {MAX_ACTOR_STREAMS}, "
+                f"got {self.max_actor_streams!r}."
             )
         object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
         object.__setattr__(self, "network", dict(self.network))

@@ -9,7 +9,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
-from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_PARAM_REFRESH_LAG, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
+from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser"]
 
@@ -280,6 +280,10 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_PARAM_REFRESH_LAG}: every new version; at most {MAX_PARAM_REFRESH_LAG}): "
                         "K above 1 sends actors about 1/K of the parameter traffic, for a policy lag "
                         "up to K-1 versions longer, which V-trace corrects for")
+    g.add_argument("--max-actor-streams", type=_positive_int, default=DEFAULT_MAX_ACTOR_STREAMS, metavar="N",
+                   help=f"actor processes the learner serves at once, one unroll stream each (default "
+                        f"{DEFAULT_MAX_ACTOR_STREAMS}, at most {MAX_ACTOR_STREAMS}); more are refused and retry until "
+                        "one ends, so give the number of actor processes on all hosts when it is larger")
 
 
 def add_actor_flags(parser: argparse.ArgumentParser) -> None:
@@ -423,6 +427,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         actor_nice=DEFAULT_ACTOR_NICE if getattr(args, "actor_nice", None) is None else args.actor_nice,
         unrolls_per_message=getattr(args, "unrolls_per_message", DEFAULT_UNROLLS_PER_MESSAGE),
         param_refresh_lag=getattr(args, "param_refresh_lag", DEFAULT_PARAM_REFRESH_LAG),
+        max_actor_streams=getattr(args, "max_actor_streams", DEFAULT_MAX_ACTOR_STREAMS),
         jit_compile=args.jit,
         learner_precision=args.learner_precision,
         overlap_publish=getattr(args, "overlap_publish", "auto"),

@@ -158,6 +158,7 @@ class Trainer:
             tls_cert_file=config.tls_cert,
             tls_key_file=config.tls_key,
             refresh_lag=config.param_refresh_lag,
+            max_streams=config.max_actor_streams,
         )
         self._submitted: collections.deque = collections.deque(maxlen=8)  # (version, metrics) handed to it
         if self.intake == "process":

@@ -468,8 +468,9 @@ class LearnerServer:
             self.metrics.count("streams_refused")
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the learner serves at most {self.max_streams} unroll streams at once; retry later "
-                "or start the learner with a larger max_streams.",
+                f"the learner serves at most {self.max_streams} unroll streams at once, one per actor process; "
+                "this one retries until a stream ends. Start the learner with a larger --max-actor-streams "
+                "(LearnerServer(max_streams=...) in code) to serve every actor process.",
             )
         self.metrics.count("streams_opened")
         accepted = 0

@@ -213,6 +213,16 @@ def test_param_refresh_lag_sends_actors_a_share_of_the_versions(tmp_path):
     assert json.load(open(os.path.join(logdir, "config.json")))["param_refresh_lag"] == 5
 
 
+def test_max_actor_streams_refuses_the_actor_processes_beyond_it(tmp_path):
+    logdir = str(tmp_path / "run")
+    proc = launch(*CATCH, "--actors", "2", "--actor-processes", "2", "--total-steps", "4000",
+                  "--max-actor-streams", "1", "--logdir", logdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = metrics(logdir)[-1]
+    assert last["transport/streams_refused"] >= 1, last  # the second process waited for a stream
+    assert json.load(open(os.path.join(logdir, "config.json")))["max_actor_streams"] == 1
+
+
 def test_a_time_budget_ends_the_run_and_the_learning_rate_anneals_over_it(tmp_path):
     logdir = str(tmp_path / "run")
     budget, lr = 12.0, 6e-4

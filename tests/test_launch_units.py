@@ -33,6 +33,8 @@ def test_run_config_round_trips_and_hides_the_token():
         ({"unrolls_per_message": 0}, "unrolls-per-message must be a whole number of at least 1, got 0"),
         ({"param_refresh_lag": 0}, "param-refresh-lag must be a whole number of learner versions from 1 .* to 1000, got 0"),
         ({"param_refresh_lag": 1001}, "param-refresh-lag must be .* got 1001"),
+        ({"max_actor_streams": 0}, "max-actor-streams must be a whole number of actor processes from 1 to 4096, got 0"),
+        ({"max_actor_streams": 5000}, "max-actor-streams must be .* got 5000"),
         ({"learner_precision": "float16"}, "learner-precision must be one of float32, bfloat16, got 'float16'"),
         ({"time_budget_s": 0}, "time-budget must be a positive, finite number of seconds"),
         ({"time_budget_s": float("inf")}, "time-budget must be a positive, finite number of seconds"),
@@ -383,6 +385,21 @@ def test_param_refresh_lag_flag_reaches_the_config(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--env", "catch", "--param-refresh-lag", "0"])
     assert "--param-refresh-lag: expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_max_actor_streams_flag_reaches_the_config(capsys):
+    from impala_rep.flags import config_from_args
+    from impala_rep.flags import CommandLineParser, add_learner_flags
+    from impala_rep.launch import build_parser
+
+    alone = CommandLineParser(prog="python -m learner.run")  # learner.run's flags
+    add_learner_flags(alone)
+    for parser in (build_parser(), alone):
+        assert config_from_args(parser.parse_args(["--env", "catch"])).max_actor_streams == 64
+        assert config_from_args(parser.parse_args(["--env", "catch", "--max-actor-streams", "200"])).max_actor_streams == 200
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--env", "catch", "--max-actor-streams", "0"])
+        assert "--max-actor-streams: expected a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_learner_threads_flag_takes_a_count_or_auto(capsys):

@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 import pytest
 
-from actors.client import LearnerClient, LearnerUnavailableError, TransportError
+from actors.client import LearnerClient, LearnerFinishedError, LearnerUnavailableError, TransportError
 from learner.params import ParameterStore
 from learner.queue import UnrollQueue
 from learner.server import LearnerServer
@@ -354,6 +354,62 @@ def test_streams_beyond_the_limit_are_refused_and_retried():
     finally:
         drain.stop()
         server.stop(0)
+
+
+def test_a_client_refused_for_the_stream_limit_is_told_so_not_asked_whether_the_learner_runs():
+    spec = small_spec()
+    server = start_server(spec, capacity=64, max_streams=1)
+    drain = Drain(server.queue, keep=False)
+    a = LearnerClient(server.address, actor_id="a", give_up_after_s=20)
+    b = LearnerClient(server.address, actor_id="b", backoff_initial_s=0.05, backoff_max_s=0.2, give_up_after_s=1.0)
+    try:
+        rng = np.random.default_rng(0)
+        a.send(make_unroll(spec, rng), policy_version=0)
+        wait_for(lambda: server.metrics.unrolls_accepted == 1, 10, "client a's stream")
+        b.send(make_unroll(spec, rng), policy_version=0)
+        wait_for(lambda: b._fatal is not None, 20, "client b giving up")  # its sender thread gave up
+        with pytest.raises(LearnerUnavailableError) as info:
+            b.send(make_unroll(spec, rng), policy_version=0)
+        message = str(info.value)
+        assert message.startswith(f"the learner at {server.address} has refused this client for 1 s (unroll stream: "
+                                  "RESOURCE_EXHAUSTED: the learner serves at most 1 unroll streams at once"), message
+        assert "--max-actor-streams" in message and "is it running?" not in message, message
+    finally:
+        b.close(drain=False)
+        a.close(drain=False)
+        drain.stop()
+        server.stop(0)
+
+
+def test_a_call_retrying_for_an_absent_learner_stops_at_what_the_sender_thread_learnt():
+    """The sender thread learns the run is over (OUT_OF_RANGE) while the actor thread is
+    already retrying a parameter fetch against the stopped server: the fetch stops at its next
+    backoff with that error instead of retrying for give_up_after_s (then 'unreachable')."""
+    server = start_server(small_spec())
+    client = LearnerClient(server.address, backoff_initial_s=0.05, backoff_max_s=0.2, give_up_after_s=60)
+    try:
+        client.connect()
+        server.stop(0)
+        outcome = []
+        fetch = threading.Thread(target=lambda: outcome.append(_raised(client.get_parameters)), daemon=True)
+        fetch.start()
+        time.sleep(0.5)  # retrying UNAVAILABLE by now
+        assert fetch.is_alive()
+        t0 = time.monotonic()
+        client._fatal = LearnerFinishedError("the learner says: the run is over.")  # what the sender thread sets
+        fetch.join(10)
+        assert not fetch.is_alive() and time.monotonic() - t0 < 2
+        assert isinstance(outcome[0], LearnerFinishedError), outcome
+    finally:
+        client.close(drain=False)
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return exc
+    return None
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make a self-signed certificate")
