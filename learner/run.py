@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -136,12 +136,25 @@ class Trainer:
         )
         self.restored_from: Optional[str] = None
         if config.resume:
+            if self.manager.latest_checkpoint is not None:
+                check_resumed_settings(config, os.path.join(config.logdir, "config.json"))
             self._restore(config)
         if self.restored_from:
             log.info(
                 "resumed from %s at learner step %d (%d agent steps)",
                 self.restored_from, self.learner_step, int(self.agent_steps.numpy()),
             )
+            if self.done():
+                log.warning(
+                    "the run in %s has already trained %d agent steps in %.0f s, its whole budget (--total-steps "
+                    "%d%s): there is nothing left to train. Raise --total-steps%s to go on with it, or pass "
+                    "--no-resume to start over.", config.logdir, int(self.agent_steps.numpy()), self.train_seconds(),
+                    config.total_steps, f", --time-budget {config.time_budget_s:.0f} s" if config.time_budget_s else "",
+                    " or --time-budget" if config.time_budget_s else "")
+        # The learner step of the newest checkpoint: close() writes none again at the same step
+        # (a run stopped before training, or one resumed with its budget spent).
+        self._saved_step: Optional[int] = self.learner_step if self.restored_from else None
+        self._evaluated_step: Optional[int] = self._saved_step  # the earlier run evaluated its own
         # --overlap-publish: each step's parameters are checked and encoded for the actors on a
         # thread of their own while the next step runs (auto: on GPU and TPU learners).
         self.overlap_publish = config.overlap_publish == "on" or (
@@ -300,15 +313,24 @@ class Trainer:
         log.info("learner serving actors at %s", self.server.address)
         return self.server.address
 
-    def save(self) -> str:
+    def save(self) -> Optional[str]:
+        """Writes a checkpoint and the policy export, and starts their evaluation (unless one
+        still runs); None, and the run marked diverged, when the parameters are not finite."""
         from impala_rep.export import save_policy
 
+        params = self.step.get_params()[1]
+        if not params_finite(params):
+            # Normally caught after the step; not when the intake process, which checks them
+            # there, died before it had, or the run was interrupted between step and check.
+            self.mark_diverged(f"the parameters at learner step {self.learner_step} are not finite")
+            return None
         seconds = self.train_seconds()
         self.step.set_train_seconds(seconds)
         path = self.manager.save(checkpoint_number=self.learner_step)
+        self._saved_step = self.learner_step
         save_policy(
             os.path.join(self.config.logdir, "policy"),
-            self.step.get_params()[1],
+            params,
             {
                 "env": self.config.env,
                 "env_kwargs": dict(self.config.env_kwargs),
@@ -326,7 +348,8 @@ class Trainer:
         log.info("checkpoint %s and policy export written", path)
         if self.evaluator is not None:
             self._report_eval(self.evaluator.poll())  # one that finished since the last poll is not lost
-            self.evaluator.start(self.learner_step)
+            if self.evaluator.start(self.learner_step):
+                self._evaluated_step = self.learner_step
         return path
 
     # Seconds the last evaluation may take once training has stopped.
@@ -348,13 +371,20 @@ class Trainer:
         self._writer.flush()
 
     def close(self, save: bool = True) -> None:
+        """Writes the final checkpoint and export (not again at the step of the newest one, and
+        none after a divergence), then waits for their evaluation. The checkpoint comes first:
+        a process killed while an evaluation runs (a container's stop deadline, a second
+        Ctrl-C) has already saved everything."""
         try:
             if save and self.diverged is None:
-                if self.evaluator is not None:  # an evaluation still running, so the last export gets one too
-                    self._report_eval(self.evaluator.wait(self.FINAL_EVAL_TIMEOUT_S))
-                self.save()
-                if self.evaluator is not None:
-                    self._report_eval(self.evaluator.wait(self.FINAL_EVAL_TIMEOUT_S))
+                if self._saved_step != self.learner_step:
+                    self.save()
+                if self.evaluator is not None and self.diverged is None:
+                    self._report_eval(self.evaluator.wait(self.FINAL_EVAL_TIMEOUT_S))  # an earlier one, or the last
+                    if self._saved_step == self.learner_step != self._evaluated_step:  # an earlier one ran: now the last
+                        if self.evaluator.start(self.learner_step):
+                            self._evaluated_step = self.learner_step
+                            self._report_eval(self.evaluator.wait(self.FINAL_EVAL_TIMEOUT_S))
         finally:
             self._release()
 
@@ -486,7 +516,8 @@ class Trainer:
             if now - self._last_checkpoint >= cfg.checkpoint_interval_s:
                 if not self._settle_publisher():
                     break  # a checkpoint holds only parameters that passed the finite check
-                self.save()
+                if self.save() is None:
+                    break  # not finite after all: nothing saved, the run stops
             if self.evaluator is not None:
                 self._report_eval(self.evaluator.poll())
         # Training ended (budget, time budget, stop, or max_learner_steps): the steps trained since
@@ -683,6 +714,45 @@ def lock_run_dir(logdir: str):
 # What --no-resume moves aside from an earlier run in the run directory, into before-<time>/
 # (its metrics.jsonl is kept beside them as metrics-before-<time>.jsonl: open_metrics_log).
 EARLIER_RUN_PARTS = ("checkpoints", "summaries", "policy", "eval")
+
+
+# Settings that name the task: a checkpoint is not resumed on another env (its specs may match,
+# as cartpole-swingup's and cartpole-balance's do, and the restore would then succeed).
+RESUME_TASK_KEYS = ("env", "env_kwargs")
+# Settings that differ from one start of a run to the next without changing what it trains.
+RESUME_IGNORED_KEYS = ("resume", "port", "token", "logdir", "bind", "tls_cert", "tls_key")
+
+
+def check_resumed_settings(config: RunConfig, path: str) -> List[str]:
+    """Compares the settings of the run being resumed (its ``config.json`` at ``path``) with
+    ``config``: raises ``ValueError`` with a sentence when the task differs, and logs (and
+    returns) the other settings that changed, as ``"key: old -> new"``. Nothing to compare when
+    the earlier run left no readable record."""
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(earlier, dict):
+        return []
+    now = json.loads(json.dumps(config.to_json()))  # tuples as lists, as in the file
+    logdir = os.path.dirname(path)
+    task = [k for k in RESUME_TASK_KEYS if k in earlier and earlier[k] != now.get(k)]
+    if task:
+        def describe(c):
+            kwargs = c.get("env_kwargs") or {}
+            return repr(c.get("env")) + (f" with {json.dumps(kwargs, sort_keys=True)}" if kwargs else "")
+
+        raise ValueError(
+            f"{logdir} holds a run of {describe(earlier)}, and this run is on {describe(now)}: resuming would go "
+            "on training that checkpoint on another task. Pass another --logdir for a run of its own, or "
+            "--no-resume to start over in this one (the earlier run is moved aside)."
+        )
+    changed = [f"{k}: {json.dumps(earlier[k])} -> {json.dumps(now[k])}" for k in sorted(earlier)
+               if k in now and k not in RESUME_IGNORED_KEYS and earlier[k] != now[k]]
+    if changed:
+        log.warning("resuming the run in %s with settings changed since its last start: %s", logdir, "; ".join(changed))
+    return changed
 
 
 def set_aside_earlier_run(logdir: str, stamp: str) -> Optional[str]:

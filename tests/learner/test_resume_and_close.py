@@ -1,0 +1,142 @@
+"""How a run ends and starts again (learner/run.py): the final checkpoint is written before the
+last evaluation is waited for, never twice at one step, never with non-finite parameters; a
+resume refuses another task's checkpoint, names the settings that changed, and says when the
+budget is already spent."""
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from impala_rep.config import RunConfig
+from impala_rep.probe import probe_env_spec
+from learner.run import Trainer, check_resumed_settings
+
+from fake_batches import FixedBatches
+
+STEP_AGENT_STEPS = 4 * 5  # batch size x unroll length
+
+
+@pytest.fixture(scope="module")
+def catch_spec():
+    return probe_env_spec("catch", {})
+
+
+def _config(logdir, **kwargs):
+    kwargs.setdefault("total_steps", 10**9)
+    kwargs.setdefault("log_interval_s", 60.0)
+    return RunConfig(env=kwargs.pop("env", "catch"), logdir=str(logdir), batch_size=4, unroll_length=5, **kwargs)
+
+
+def _trainer(logdir, spec, batches=10, **kwargs):
+    trainer = Trainer(_config(logdir, **kwargs), spec)
+    trainer.start()  # writes config.json, as the entry points do
+    trainer.batcher.close()
+    trainer.batcher = FixedBatches(trainer.batch_spec(), batches, episode=(1.0, 5), idle=0.01)
+    return trainer
+
+
+def _checkpoints(logdir):
+    return sorted(n for n in os.listdir(os.path.join(logdir, "checkpoints")) if n.endswith(".index"))
+
+
+class RecordingEvaluator:
+    """Stands in for PolicyEvaluator: one evaluation at a time, and what was saved when each
+    wait began."""
+
+    def __init__(self, trainer, running=False):
+        self.trainer, self.running, self.started, self.waits = trainer, running, [], []
+
+    def start(self, step):
+        if self.running:
+            return False
+        self.running = True
+        self.started.append(step)
+        return True
+
+    def poll(self):
+        return None
+
+    def wait(self, timeout_s):
+        self.waits.append(os.path.basename(self.trainer.manager.latest_checkpoint or "none"))
+        self.running = False
+        return None
+
+    def close(self):
+        pass
+
+
+def test_close_writes_the_last_checkpoint_before_waiting_for_a_running_evaluation(tmp_path, catch_spec):
+    trainer = _trainer(tmp_path, catch_spec, total_steps=3 * STEP_AGENT_STEPS)
+    evaluator = trainer.evaluator = RecordingEvaluator(trainer, running=True)  # an earlier step's, still running
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    # the first wait (for the earlier evaluation) began with ckpt-3 already on disk; then the
+    # last export got its own evaluation
+    assert evaluator.waits == ["ckpt-3", "ckpt-3"] and evaluator.started == [3]
+    assert _checkpoints(tmp_path) == ["ckpt-3.index"]
+
+
+def test_save_writes_nothing_from_non_finite_parameters(tmp_path, catch_spec):
+    trainer = _trainer(tmp_path, catch_spec, total_steps=2 * STEP_AGENT_STEPS)
+    try:
+        trainer.train()
+        assert trainer.save().endswith("ckpt-2")
+        params = trainer.step.get_params()[1]
+        name = sorted(params)[0]
+        bad = dict(params)
+        bad[name] = np.full_like(params[name], np.nan)
+        trainer.step.set_params(bad)  # as if the last step diverged and its check was never made
+        trainer._saved_step = None
+        assert trainer.save() is None
+        assert trainer.diverged is not None and "are not finite" in trainer.diverged
+    finally:
+        trainer.close()  # saves nothing after the divergence
+    assert _checkpoints(tmp_path) == ["ckpt-2.index"]
+    with open(os.path.join(tmp_path, "policy", "policy.json")) as f:
+        assert json.load(f)["learner_step"] == 2
+
+
+def test_a_resume_with_the_budget_spent_says_so_and_writes_no_checkpoint_again(tmp_path, catch_spec, caplog):
+    first = _trainer(tmp_path, catch_spec, total_steps=2 * STEP_AGENT_STEPS)
+    try:
+        first.train()
+    finally:
+        first.close()
+    index = os.path.join(tmp_path, "checkpoints", "ckpt-2.index")
+    written = os.stat(index).st_mtime_ns
+    with caplog.at_level(logging.INFO, logger="impala_rep.learner"):
+        again = _trainer(tmp_path, catch_spec, total_steps=2 * STEP_AGENT_STEPS)
+        try:
+            again.evaluator = evaluator = RecordingEvaluator(again)
+            again.train()
+            assert again.learner_step == 2
+        finally:
+            again.close()
+    assert "has already trained 40 agent steps" in caplog.text and "Raise --total-steps to go on" in caplog.text
+    assert os.stat(index).st_mtime_ns == written and _checkpoints(tmp_path) == ["ckpt-2.index"]
+    assert evaluator.started == []  # the earlier run evaluated its last export
+
+
+def test_a_resume_on_another_task_is_refused_and_changed_settings_are_named(tmp_path, catch_spec, caplog):
+    first = _trainer(tmp_path, catch_spec, total_steps=STEP_AGENT_STEPS)
+    try:
+        first.train()
+    finally:
+        first.close()
+    other = probe_env_spec("catch", {"rows": 8})
+    with pytest.raises(ValueError) as info:
+        Trainer(_config(tmp_path, env_kwargs={"rows": 8}), other)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path} holds a run of 'catch', and this run is on 'catch' with {{\"rows\": 8}}")
+    assert "--no-resume" in message and "--logdir" in message
+    with caplog.at_level(logging.WARNING, logger="impala_rep.learner"):
+        changed = check_resumed_settings(_config(tmp_path, total_steps=5 * STEP_AGENT_STEPS, seed=3, port=5000),
+                                         os.path.join(tmp_path, "config.json"))
+    assert changed == ["seed: 0 -> 3", f"total_steps: {STEP_AGENT_STEPS} -> {5 * STEP_AGENT_STEPS}"]  # not port
+    assert "settings changed since its last start: seed: 0 -> 3; total_steps: 20 -> 100" in caplog.text
+    assert check_resumed_settings(_config(tmp_path), os.path.join(tmp_path, "missing.json")) == []
