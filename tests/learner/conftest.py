@@ -18,6 +18,14 @@ def pytest_configure(config):
     )
 
 
+@pytest.fixture(scope="module")
+def catch_spec():
+    """The spec of the built-in ``catch`` env, for trainers driven by :mod:`fake_batches`."""
+    from impala_rep.probe import probe_env_spec
+
+    return probe_env_spec("catch", {})
+
+
 @pytest.fixture
 def poison_update():
     """``poison_update(trainer, at_step)`` makes the parameters that ``trainer``'s update of

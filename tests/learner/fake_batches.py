@@ -7,7 +7,18 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from impala_rep.config import RunConfig
 from learner.batcher import Batch
+
+STEP_AGENT_STEPS = 4 * 5  # a catch_config trainer's batch size x unroll length
+
+
+def catch_config(logdir, **kwargs) -> RunConfig:
+    """A small run of ``catch`` (batches of 4 unrolls of 5 steps) in ``logdir``: no budget to
+    speak of and no progress record before 60 s unless the caller says otherwise."""
+    kwargs.setdefault("total_steps", 10**9)
+    kwargs.setdefault("log_interval_s", 60.0)
+    return RunConfig(env=kwargs.pop("env", "catch"), logdir=str(logdir), batch_size=4, unroll_length=5, **kwargs)
 
 
 class FixedBatches:

@@ -10,24 +10,10 @@ import os
 import numpy as np
 import pytest
 
-from impala_rep.config import RunConfig
 from impala_rep.probe import probe_env_spec
 from learner.run import Trainer, check_resumed_settings
 
-from fake_batches import FixedBatches
-
-STEP_AGENT_STEPS = 4 * 5  # batch size x unroll length
-
-
-@pytest.fixture(scope="module")
-def catch_spec():
-    return probe_env_spec("catch", {})
-
-
-def _config(logdir, **kwargs):
-    kwargs.setdefault("total_steps", 10**9)
-    kwargs.setdefault("log_interval_s", 60.0)
-    return RunConfig(env=kwargs.pop("env", "catch"), logdir=str(logdir), batch_size=4, unroll_length=5, **kwargs)
+from fake_batches import STEP_AGENT_STEPS, FixedBatches, catch_config as _config
 
 
 def _trainer(logdir, spec, batches=10, **kwargs):

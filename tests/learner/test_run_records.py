@@ -14,26 +14,11 @@ import threading
 import pytest
 
 import learner.run
-from impala_rep.config import RunConfig
-from impala_rep.probe import probe_env_spec
 from learner.run import Trainer, set_aside_earlier_run
 
-from fake_batches import FixedBatches
+from fake_batches import STEP_AGENT_STEPS, FixedBatches, catch_config as _config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEP_AGENT_STEPS = 4 * 5  # batch size x unroll length
-
-
-@pytest.fixture(scope="module")
-def catch_spec():
-    return probe_env_spec("catch", {})
-
-
-def _config(logdir, **kwargs):
-    kwargs.setdefault("total_steps", 10**9)
-    kwargs.setdefault("log_interval_s", 60.0)
-    return RunConfig(env="catch", logdir=str(logdir), batch_size=4, unroll_length=5, **kwargs)
-
 
 
 def _trainer(logdir, catch_spec, batches, **kwargs):
