@@ -125,6 +125,7 @@ class ActorSupervisor:
         # The first diverged actor's report (DIVERGED_EXIT_CODE), a clause: "actor process i's
         # policy gave NaN or infinite log-probabilities with parameters version N".
         self.diverged: Optional[str] = None
+        self.diverged_version: Optional[int] = None  # the parameters version it names, when the log said
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
         self.actors = [
@@ -195,6 +196,7 @@ class ActorSupervisor:
                 actor.given_up = True
                 if self.diverged is None:
                     version = re.search(r"parameters version (\d+)", tail)
+                    self.diverged_version = int(version.group(1)) if version else None
                     self.diverged = (
                         f"actor process {actor.index}'s policy gave NaN or infinite log-probabilities with "
                         + (f"parameters version {version.group(1)}" if version else "the learner's parameters")

@@ -266,7 +266,7 @@ def main(argv=None) -> int:
     def tick():
         supervisor.poll()
         if supervisor.diverged is not None:
-            trainer.mark_diverged(supervisor.diverged)
+            trainer.mark_diverged(supervisor.diverged, version=supervisor.diverged_version)
             stop.set()
         elif supervisor.all_given_up:
             log.error("every actor process failed past its restart limit; stopping (see %s/actors/*.log)", config.logdir)

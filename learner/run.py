@@ -551,14 +551,31 @@ class Trainer:
         losses = ", ".join(f"{k} {float(np.asarray(v)):.4g}" for k, v in sorted(metrics.items()) if "loss" in k)
         self.mark_diverged(f"the update of learner step {step} made the network's parameters NaN or infinite ({losses})")
 
-    def mark_diverged(self, what: str) -> None:
+    def mark_diverged(self, what: str, version: Optional[int] = None) -> None:
         """Records that the run diverged (``what`` says how, a clause) and logs the sentence:
         :meth:`close` then saves nothing over the last checkpoint and export. Also for what the
         actors find (``impala_rep.launch``): parameters that are finite but so large that the
-        policy's outputs overflow, which the learner's own check does not see."""
+        policy's outputs overflow, which the learner's own check does not see; ``version`` is
+        then the parameters version they overflowed with, when known."""
         if self.diverged is not None:
             return
         last = self.manager.latest_checkpoint
+        # A checkpoint at learner step S holds the parameters of version S + 1: when the actors
+        # found version V bad and the newest checkpoint is not older, resuming repeats it.
+        if last and version is not None and self._saved_step is not None and self._saved_step + 1 >= version:
+            earlier = [p for p in self.manager.checkpoints if int(p.rsplit("-", 1)[1]) + 1 < version]
+            self.diverged = (
+                f"{what}: the run diverged and stopped, and its last checkpoint ({os.path.basename(last)}) and "
+                "exported policy already hold those parameters (or later ones), so resuming from it would diverge "
+                "again. "
+                + (f"Resume from {os.path.basename(earlier[-1])} (write model_checkpoint_path: \"{os.path.basename(earlier[-1])}\" "
+                   "as the first line of checkpoints/checkpoint) with a lower --learning-rate or --clip-norm, or start "
+                   "with --no-resume." if earlier else
+                   "Start again with --no-resume and a lower --learning-rate or --clip-norm (or check the rewards' "
+                   "scale: --reward-scale, --reward-clip).")
+            )
+            log.error("%s", self.diverged)
+            return
         self.diverged = (
             f"{what}: the run diverged and stopped without saving, so "
             + (f"the last checkpoint ({os.path.basename(last)}) and exported policy are from before it. "

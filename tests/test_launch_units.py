@@ -118,6 +118,7 @@ def test_supervisor_does_not_restart_an_actor_that_found_the_run_diverged(tmp_pa
     try:
         assert _wait(lambda: events.extend(sup.poll()) or sup.diverged is not None)
         assert sup.diverged == "actor process 0's policy gave NaN or infinite log-probabilities with parameters version 26"
+        assert sup.diverged_version == 26  # the learner compares it with its newest checkpoint
         assert sup.actors[0].given_up and sup.actors[0].restarts == 0
         assert "the training run diverged; not restarting it" in events[0]
         assert sup.alive == 1 and not sup.all_given_up  # the other keeps running until the launcher stops

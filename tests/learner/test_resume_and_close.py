@@ -126,3 +126,28 @@ def test_a_resume_on_another_task_is_refused_and_changed_settings_are_named(tmp_
     assert changed == ["seed: 0 -> 3", f"total_steps: {STEP_AGENT_STEPS} -> {5 * STEP_AGENT_STEPS}"]  # not port
     assert "settings changed since its last start: seed: 0 -> 3; total_steps: 20 -> 100" in caplog.text
     assert check_resumed_settings(_config(tmp_path), os.path.join(tmp_path, "missing.json")) == []
+
+
+def test_a_divergence_the_actors_found_names_a_checkpoint_from_before_it(tmp_path, catch_spec):
+    """Parameters finite but so large that the actors' policy overflows: when the newest
+    checkpoint already holds that version, the sentence says resuming from it would diverge
+    again and names an older one, instead of 'the last checkpoint is from before it'."""
+    def diverged_at(version, logdir):
+        trainer = _trainer(logdir, catch_spec)
+        try:
+            trainer.train(max_learner_steps=1)
+            trainer.save()  # ckpt-1: parameters version 2
+            trainer.train(max_learner_steps=2)
+            trainer.save()  # ckpt-3: version 4
+            trainer.mark_diverged(f"actor process 0's policy gave NaN or infinite log-probabilities with parameters "
+                                  f"version {version}", version=version)
+            return trainer.diverged
+        finally:
+            trainer.close()
+
+    late = diverged_at(4, tmp_path / "late")
+    assert "its last checkpoint (ckpt-3) and exported policy already hold those parameters" in late, late
+    assert 'Resume from ckpt-1 (write model_checkpoint_path: "ckpt-1"' in late, late
+    early = diverged_at(9, tmp_path / "early")
+    assert "the last checkpoint (ckpt-3) and exported policy are from before it" in early, early
+    assert _checkpoints(tmp_path / "late") == _checkpoints(tmp_path / "early") == ["ckpt-1.index", "ckpt-3.index"]
