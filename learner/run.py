@@ -600,9 +600,9 @@ class Trainer:
         record["queue_fill"] = float(transport.get("queue_fill", 0.0))
         record.update({f"loss/{k}": float(np.asarray(v)) for k, v in metrics.items()})
         record.update({k: float(v) for k, v in lag.items()})
-        if self._returns:
+        if self._returns:  # the actors' last 100 episodes (a deque), not only this window's
             record["episode_return"] = float(np.mean(self._returns))
-            record["episodes_in_window"] = len(self._returns)
+            record["episodes_in_return"] = len(self._returns)
         for k, v in transport.items():
             record[f"transport/{k}"] = float(v)
         record.update({k: float(v) for k, v in extra.items()})

@@ -180,7 +180,7 @@ def test_actors_act_with_the_learners_policy_on_pixels(tmp_path):
     records = metrics(logdir)
     # At least 2400 agent steps of 4 envs in the last record: 600 per env, past an episode end
     # (250 agent steps each, the first one partly spent by the desync) in every env.
-    assert records[-1]["agent_steps"] >= 2400 and records[-1]["episodes_in_window"] >= 4, records[-1]
+    assert records[-1]["agent_steps"] >= 2400 and records[-1]["episodes_in_return"] >= 4, records[-1]
     worst = max(r["loss/abs_log_rho_mean"] for r in records)
     assert worst < 1e-4, [r["loss/abs_log_rho_mean"] for r in records]
 
