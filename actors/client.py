@@ -267,7 +267,7 @@ class LearnerClient:
         hs = self._do_handshake()
         with self._lock:
             if self._sender is None:
-                self._sender = threading.Thread(target=self._sender_loop, name=f"{self.actor_id}-sender", daemon=True)
+                self._sender = threading.Thread(target=self._sender_main, name=f"{self.actor_id}-sender", daemon=True)
                 self._sender.start()
         return hs
 
@@ -596,6 +596,16 @@ class LearnerClient:
             self.unrolls_sent += item.unrolls
             self.messages_sent += 1
             yield item.payload
+
+    def _sender_main(self) -> None:
+        """The sender thread: whatever ends it unexpectedly (even from inside its own error
+        handling) is recorded, so that send() and flush() raise it instead of waiting forever
+        on a thread that is gone."""
+        try:
+            self._sender_loop()
+        except BaseException as err:  # noqa: BLE001 - surfaced to the caller
+            if self._fatal is None:
+                self._fatal = TransportError(f"the sender thread failed: {err!r}")
 
     def _sender_loop(self) -> None:
         attempt, since = 0, time.monotonic()

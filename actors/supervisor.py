@@ -73,6 +73,10 @@ def actor_process_commands(
 
 log = logging.getLogger(__name__)
 
+# An actor process that ran this long before it stopped starts its count of restarts again:
+# --max-actor-restarts bounds a crash loop, not the rare crashes of a run that lasts days.
+RESTART_WINDOW_S = 600.0
+
 
 @dataclasses.dataclass
 class ActorProcess:
@@ -80,7 +84,8 @@ class ActorProcess:
     command: List[str]
     log_path: Optional[str]
     process: Optional[subprocess.Popen] = None
-    restarts: int = 0
+    restarts: int = 0  # since it last ran RESTART_WINDOW_S without stopping
+    restarts_total: int = 0
     given_up: bool = False
     finished: bool = False  # exited FINISHED_EXIT_CODE: the learner's run is over
     started_at: float = 0.0
@@ -158,7 +163,7 @@ class ActorSupervisor:
 
     @property
     def total_restarts(self) -> int:
-        return sum(a.restarts for a in self.actors)
+        return sum(a.restarts_total for a in self.actors)
 
     @property
     def all_given_up(self) -> bool:
@@ -186,6 +191,8 @@ class ActorSupervisor:
             if code is None:
                 continue
             reason = describe_exit(code)
+            if time.monotonic() - actor.started_at >= RESTART_WINDOW_S:
+                actor.restarts = 0  # it ran a good while: a new crash, not the same loop
             tail = _tail(actor.log_path)
             detail = f"; last output:\n{tail}" if tail else ""
             if code == FINISHED_EXIT_CODE:
@@ -206,12 +213,14 @@ class ActorSupervisor:
             elif actor.restarts >= self._max_restarts:
                 actor.given_up = True
                 msg = (
-                    f"actor process {actor.index} {reason} and has been restarted {actor.restarts} times "
-                    f"(--max-actor-restarts {self._max_restarts}); not restarting it again{detail}"
+                    f"actor process {actor.index} {reason} and has been restarted {actor.restarts} times, each run "
+                    f"shorter than {RESTART_WINDOW_S:.0f} s (--max-actor-restarts {self._max_restarts}); not "
+                    f"restarting it again{detail}"
                 )
                 log.error(msg)
             else:
                 actor.restarts += 1
+                actor.restarts_total += 1
                 msg = f"actor process {actor.index} {reason}; restarting it ({actor.restarts}/{self._max_restarts}){detail}"
                 log.warning(msg)
                 self._spawn(actor)

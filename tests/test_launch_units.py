@@ -101,10 +101,27 @@ def test_supervisor_restarts_crashed_actors_up_to_the_limit(tmp_path):
         assert _wait(lambda: events.extend(sup.poll()) or sup.all_given_up)
     finally:
         sup.stop()
-    assert sup.actors[0].restarts == 2
+    assert sup.actors[0].restarts == 2 and sup.total_restarts == 2
     assert "exited with code 3; restarting it (1/2)" in events[0]
     assert "bye" in events[0]  # the crash reason quotes the actor's last output
     assert "not restarting it again" in events[-1]
+
+
+def test_supervisor_counts_restarts_again_after_an_actor_ran_a_good_while(tmp_path, monkeypatch):
+    """--max-actor-restarts bounds a crash loop: a process that ran RESTART_WINDOW_S before it
+    stopped starts its count again (a run of days is not ended by rare crashes)."""
+    import actors.supervisor
+
+    monkeypatch.setattr(actors.supervisor, "RESTART_WINDOW_S", 0.3)
+    sup = ActorSupervisor([_sleeper(3, 0.5)], log_dir=str(tmp_path), max_restarts=1)
+    sup.start()
+    events = []
+    try:
+        assert _wait(lambda: events.extend(sup.poll()) or sup.actors[0].restarts_total >= 3)
+    finally:
+        sup.stop()
+    assert not sup.actors[0].given_up and sup.actors[0].restarts == 1 and sup.total_restarts >= 3
+    assert all("restarting it (1/1)" in e for e in events), events
 
 
 def test_supervisor_does_not_restart_an_actor_that_found_the_run_diverged(tmp_path):
