@@ -107,6 +107,11 @@ class ObservationDict(Wrapper):
     A single-array observation becomes ``{"observation": array}``; a flat mapping is
     passed through as a ``dict`` with every value an ``np.ndarray`` (keys converted to
     ``str``). Nested observations raise :class:`EnvError` at construction.
+
+    Each array is given its spec's dtype when it has another of the same kind (an env that
+    declares float32 and returns float64, as NumPy computes by default; the learner accepts
+    only the announced dtype). One the spec's dtype cannot hold without changing kind (floats
+    for uint8 pixels), another shape, or other keys raise :class:`EnvError`.
     """
 
     def __init__(self, env: dm_env.Environment):
@@ -137,10 +142,31 @@ class ObservationDict(Wrapper):
     def _convert(self, timestep: dm_env.TimeStep) -> dm_env.TimeStep:
         obs = timestep.observation
         if self._single:
-            obs = {"observation": np.asarray(obs)}
+            obs = {"observation": self._as_spec("observation", obs)}
         else:
-            obs = {str(k): np.asarray(v) for k, v in obs.items()}
+            if not isinstance(obs, Mapping) or len(obs) != len(self._spec):
+                keys = sorted(map(str, obs)) if isinstance(obs, Mapping) else type(obs).__name__
+                raise EnvError(f"the env returned observation {keys}; its spec has {sorted(self._spec)}.")
+            obs = {str(k): self._as_spec(str(k), v) for k, v in obs.items()}
         return timestep._replace(observation=obs)
+
+    def _as_spec(self, key: str, value: Any) -> np.ndarray:
+        spec = self._spec.get(key)
+        if spec is None:
+            raise EnvError(f"the env returned observation {key!r}, which its spec does not have "
+                           f"({sorted(self._spec)}).")
+        arr = np.asarray(value)
+        if arr.dtype != spec.dtype:
+            if not np.can_cast(arr.dtype, spec.dtype, casting="same_kind"):
+                raise EnvError(
+                    f"the env returned observation {key!r} as {arr.dtype}, which its spec's {spec.dtype} cannot "
+                    f"hold; return {spec.dtype} arrays, or declare {arr.dtype} in the observation spec."
+                )
+            arr = arr.astype(spec.dtype)
+        if arr.shape != spec.shape:
+            raise EnvError(f"the env returned observation {key!r} of shape {list(arr.shape)}; its spec says "
+                           f"{list(spec.shape)}.")
+        return arr
 
     def reset(self) -> dm_env.TimeStep:
         return self._convert(self._env.reset())

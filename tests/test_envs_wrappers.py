@@ -143,6 +143,39 @@ def test_observation_dict_rejects_nested_specs():
         wrappers.ObservationDict(Nested([]))
 
 
+def test_observation_dict_gives_arrays_their_spec_dtype_or_says_what_the_env_returned():
+    """A plug-in that declares float32 and returns float64 (NumPy's default) trains: the learner
+    accepts only the announced dtype, and every unroll was rejected before. What the spec's
+    dtype cannot hold, another shape, or other keys are sentences."""
+    class Declared(Scripted):
+        def __init__(self, obs):
+            super().__init__([(1.0, 1.0, False)] * 3)
+            self.obs = obs
+
+        def observation_spec(self):
+            return {"x": specs.Array((3,), np.float32), "img": specs.Array((2, 2, 1), np.uint8)}
+
+        def _obs(self):
+            return self.obs
+
+    good = wrappers.ObservationDict(Declared({"x": np.zeros(3), "img": np.zeros((2, 2, 1), bool)}))
+    for ts in (good.reset(), good.step(np.zeros(2))):
+        assert ts.observation["x"].dtype == np.float32 and ts.observation["img"].dtype == np.uint8
+    cases = [
+        ({"x": np.zeros(3, np.float32), "img": np.zeros((2, 2, 1))}, "observation 'img' as float64, which its "
+         "spec's uint8 cannot hold; return uint8 arrays, or declare float64 in the observation spec."),
+        ({"x": np.zeros(4, np.float32), "img": np.zeros((2, 2, 1), np.uint8)}, "observation 'x' of shape [4]; its "
+         "spec says [3]."),
+        ({"x": np.zeros(3, np.float32)}, "the env returned observation ['x']; its spec has ['img', 'x']."),
+        ({"x": np.zeros(3, np.float32), "y": np.zeros(1)}, "observation 'y', which its spec does not have"),
+    ]
+    for obs, words in cases:
+        env = wrappers.ObservationDict(Declared(obs))
+        with pytest.raises(envs.EnvError) as info:
+            env.reset()
+        assert words in str(info.value), (words, str(info.value))
+
+
 def test_catch_pixels_learnable_structure():
     """Catch: the paddle follows the actions, reward +1 when under the ball, -1 otherwise."""
     for target in ("hit", "miss"):
