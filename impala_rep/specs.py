@@ -174,8 +174,18 @@ def env_spec_from_dm_env(env: Any) -> EnvSpec:
     """Reads observation and action specs of a ``dm_env.Environment``.
 
     Raises ``ValueError`` when the specs are of a structure the agent cannot use: the
-    observation must be one array or a flat mapping of arrays, the action one array.
+    observation must be one array or a flat mapping of arrays, the action one array, the
+    reward and the discount one number each.
     """
+    for what in ("reward", "discount"):
+        spec = getattr(env, f"{what}_spec")()
+        shape = getattr(spec, "shape", None)
+        if shape is None or isinstance(spec, (Mapping, list, tuple)) or int(np.prod(shape)) != 1:
+            described = f"of shape {list(shape)}" if shape is not None else f"a {type(spec).__name__}"
+            raise ValueError(
+                f"the env's {what} spec is {described}; impala_rep trains on one {what} per step (combine or "
+                f"select the parts in your factory, and declare a scalar {what}_spec)."
+            )
     obs = env.observation_spec()
     if isinstance(obs, Mapping):
         observations = {}

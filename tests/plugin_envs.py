@@ -95,3 +95,14 @@ class Factories:
     @staticmethod
     def counter(seed=None):
         return Counter(seed=seed)
+
+
+class VectorReward(Counter):
+    """Declares (and returns) a reward of two parts: impala_rep trains on one number per step."""
+
+    def reward_spec(self):
+        return specs.Array((2,), np.float32, name="reward")
+
+
+def make_vector_reward(seed=None):
+    return VectorReward(seed=seed)

@@ -133,6 +133,16 @@ def test_factory_returning_non_env():
     assert "returned an object of type int, not a dm_env.Environment" in msg
 
 
+def test_a_reward_spec_of_several_numbers_is_refused_with_a_sentence():
+    from impala_rep.specs import env_spec_from_dm_env
+
+    with pytest.raises(ValueError) as info:
+        env_spec_from_dm_env(envs.make("plugin_envs:make_vector_reward"))
+    assert str(info.value) == ("the env's reward spec is of shape [2]; impala_rep trains on one reward per step "
+                               "(combine or select the parts in your factory, and declare a scalar reward_spec).")
+    env_spec_from_dm_env(envs.make("plugin_envs:make_counter"))  # a scalar reward and discount pass
+
+
 def test_unknown_plugin_option_lists_accepted():
     msg = str(env_error(envs.make, "plugin_envs:make_counter", lenght=3))
     assert "lenght" in msg and "length" in msg and "label" in msg
