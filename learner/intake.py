@@ -317,7 +317,7 @@ class ProcessIntake:
                     break
             if self._proc.poll() is not None:
                 break
-        code = self._proc.poll()
+        code = self._exit_status()  # a child that closed its end is exiting: its status says why, not a timeout
         if code is None:
             self._proc.kill()
             return {"type": "error", "message": f"the learner's intake process did not start serving within "
@@ -376,7 +376,7 @@ class ProcessIntake:
                     return
         except (EOFError, OSError, ValueError):
             if not self._stopped:
-                self._child_gone(self._proc.wait() if self._proc is not None else None)
+                self._child_gone(self._exit_status())
 
     def _fail(self, message: str) -> None:
         with self._cond:
@@ -400,14 +400,18 @@ class ProcessIntake:
         try:
             self._chan.send(**msg)
         except (OSError, ValueError):
-            code = None
-            if self._proc is not None:
-                try:
-                    code = self._proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
-            self._child_gone(code)
+            self._child_gone(self._exit_status())
             self._raise_error()
+
+    def _exit_status(self, timeout: float = 5.0) -> Optional[int]:
+        """The exit status of a child whose end of the socket closed; None when it does not
+        exit within ``timeout`` (it then "stopped answering")."""
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     # ------------------------------------------------------------------ batches
 
@@ -623,7 +627,7 @@ def _serve(chan: _Channel, memory_path: str) -> int:
 
     filler = threading.Thread(target=fill, name="intake-batcher", daemon=True)
     filler.start()
-    grace = 1.0
+    grace, told_to_stop = 1.0, False
     try:
         while not stopping.is_set():
             try:
@@ -648,13 +652,15 @@ def _serve(chan: _Channel, memory_path: str) -> int:
             elif kind == "metrics":
                 chan.send(type="metrics", values={k: float(v) for k, v in server.snapshot_metrics().items()})
             elif kind == "stop":
-                grace = msg.get("grace", 1.0)
+                grace, told_to_stop = msg.get("grace", 1.0), True
                 break
     finally:
         stopping.set()
         # The server first: it tells the actors that the run is over (LearnerServer.stop), which
-        # they would not hear from streams the closed queue had already ended.
-        server.stop(grace)
+        # they would not hear from streams the closed queue had already ended. Only when the
+        # learner said stop: a learner that is gone (killed, out of memory) may be restarted to
+        # resume the run, and its actors should retry meanwhile, as with the thread intake.
+        server.stop(grace, finish=told_to_stop)
         unroll_queue.close()
         filler.join(5)
     return 0

@@ -873,10 +873,12 @@ def start_trainer(config: RunConfig, env_spec: EnvSpec):
     except (ReplicatorError, ValueError) as exc:
         print(f"error: {in_flag_terms(str(exc))}", file=sys.stderr)
         return None, stop
+    from learner.intake import IntakeError  # TensorFlow-free
+
     try:
         trainer.start()
-    except OSError as exc:  # the server could not listen (port in use, no such interface, bad TLS pair)
-        print(f"error: {exc}", file=sys.stderr)
+    except (OSError, IntakeError) as exc:  # the server could not listen (port in use, no such interface, bad TLS
+        print(f"error: {exc}", file=sys.stderr)  # pair), or --intake process's child did not start
         trainer.close(save=False)
         return None, stop
     return trainer, stop

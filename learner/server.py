@@ -358,11 +358,13 @@ class LearnerServer:
         self._check_running(context)
         context.abort(grpc.StatusCode.UNAVAILABLE, "the learner is shutting down; reconnect later.")
 
-    def stop(self, grace: Optional[float] = 1.0, drain: float = 1.0) -> None:
+    def stop(self, grace: Optional[float] = 1.0, drain: float = 1.0, finish: bool = True) -> None:
         """Stops serving: first :meth:`finish` (the actors are told the run is over; open
         streams get up to ``drain`` seconds to end), then blocked stream handlers return and
-        in-flight calls get ``grace`` seconds."""
-        if self._server is not None:
+        in-flight calls get ``grace`` seconds. ``finish=False`` stops without saying the run
+        is over (the learner is gone, not done: a restarted one may resume it), so the actors
+        retry."""
+        if self._server is not None and finish:
             self.finish(drain)
         self._stopping.set()
         if self._server is not None:

@@ -469,6 +469,22 @@ def test_invalid_unrolls_are_rejected_through_the_child_and_counted():
         intake.stop()
 
 
+def _stream_into_a_full_queue(intake, client, spec, rng):
+    for i in range(40):  # more than the slots and the queue hold: the rest waits in the stream
+        client.send(_unroll(spec, rng, tag=i), policy_version=0, timeout=20)
+    _wait_for(lambda: intake.snapshot_metrics()["queue_fill"] == 1.0, 20, "a full queue")
+
+
+def _send_until_it_fails(client, spec, rng, seconds=20.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:  # the outbox may stay full while the stream ends
+        try:
+            client.send(_unroll(spec, rng), policy_version=0, timeout=1)
+        except TimeoutError:
+            pass
+        time.sleep(0.05)
+
+
 def test_stop_tells_a_streaming_actor_that_the_run_is_over():
     # As LearnerServer.stop() in the learner's process: the child's queue is full (nothing takes
     # batches any more) and an actor is streaming when the learner stops the intake; the actor
@@ -481,18 +497,40 @@ def test_stop_tells_a_streaming_actor_that_the_run_is_over():
     client = LearnerClient(intake.address, actor_id="a", unrolls_per_message=1, give_up_after_s=60)
     rng = np.random.default_rng(0)
     try:
-        for i in range(40):  # more than the slots and the queue hold: the rest waits in the stream
-            client.send(_unroll(spec, rng, tag=i), policy_version=0, timeout=20)
-        _wait_for(lambda: intake.snapshot_metrics()["queue_fill"] == 1.0, 20, "a full queue")
+        _stream_into_a_full_queue(intake, client, spec, rng)
         intake.stop()
-        t0 = time.monotonic()
         with pytest.raises(LearnerFinishedError):
-            while time.monotonic() - t0 < 20:  # the outbox may stay full while the stream ends
-                try:
-                    client.send(_unroll(spec, rng), policy_version=0, timeout=1)
-                except TimeoutError:
-                    pass
-                time.sleep(0.05)
+            _send_until_it_fails(client, spec, rng)
+    finally:
+        client.close(drain=False, timeout=2)
+        intake.stop()
+
+
+def test_a_learner_that_is_gone_does_not_tell_the_actors_the_run_is_over():
+    # The learner killed (or out of memory) while an actor streams into a full queue: its child
+    # sees the socket close. A restarted learner may resume the run, so the actor must retry
+    # (as with the thread intake) and give up as "unreachable", not stop on "the learner's run
+    # is over", which only a learner that said stop sends (the test above).
+    from actors.client import LearnerFinishedError, LearnerUnavailableError
+
+    spec = _spec()
+    intake = _intake(spec, batch_size=4, queue_capacity=4)
+    intake.start()
+    client = LearnerClient(intake.address, actor_id="a", unrolls_per_message=1, backoff_initial_s=0.05,
+                           backoff_max_s=0.2, give_up_after_s=2.0)
+    rng = np.random.default_rng(0)
+    try:
+        _stream_into_a_full_queue(intake, client, spec, rng)
+        intake._stopped = True  # this test ends the learner's side on purpose: no failure to report
+        # As the learner's death closes its end (a shutdown: a close() here would wait for the
+        # reader thread's blocked recv to let go of the socket).
+        with socket.socket(fileno=os.dup(intake._chan.conn.fileno())) as end:
+            end.shutdown(socket.SHUT_RDWR)
+        assert intake._proc.wait(20) == 0
+        with pytest.raises(LearnerUnavailableError) as info:
+            _send_until_it_fails(client, spec, rng)
+        assert not isinstance(info.value, LearnerFinishedError), info.value
+        assert "has been unreachable for 2 s" in str(info.value)
     finally:
         client.close(drain=False, timeout=2)
         intake.stop()

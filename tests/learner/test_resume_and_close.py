@@ -128,6 +128,22 @@ def test_a_resume_on_another_task_is_refused_and_changed_settings_are_named(tmp_
     assert check_resumed_settings(_config(tmp_path), os.path.join(tmp_path, "missing.json")) == []
 
 
+def test_an_intake_process_that_does_not_start_is_a_sentence(tmp_path, catch_spec, monkeypatch, capsys):
+    import learner.intake
+    import learner.run
+
+    def fail(self):
+        raise learner.intake.IntakeError("the learner's intake process exited with status 1 while starting; see the "
+                                         "log above for why.")
+
+    monkeypatch.setattr(learner.intake.ProcessIntake, "start", fail)
+    monkeypatch.setattr(learner.run, "install_stop_handlers", lambda stop: None)  # not this test process's
+    trainer, _ = learner.run.start_trainer(_config(tmp_path, intake="process"), catch_spec)
+    assert trainer is None
+    assert ("error: the learner's intake process exited with status 1 while starting; see the log above for why."
+            in capsys.readouterr().err)
+
+
 def test_a_divergence_the_actors_found_names_a_checkpoint_from_before_it(tmp_path, catch_spec):
     """Parameters finite but so large that the actors' policy overflows: when the newest
     checkpoint already holds that version, the sentence says resuming from it would diverge
