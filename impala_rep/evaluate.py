@@ -37,11 +37,48 @@ def _check_spec(loaded, env) -> None:
     if (a.shape, a.dtype, a.num_values) != (e.shape, e.dtype, e.num_values):
         problems.append(f"the action is {a.dtype}{list(a.shape)} (num_values={a.num_values}), the policy emits "
                         f"{e.dtype}{list(e.shape)} (num_values={e.num_values})")
+    elif not (_same_bound(a.minimum, e.minimum) and _same_bound(a.maximum, e.maximum)):
+        # The policy clips its actions to (and maps its bins onto) the bounds it was trained with.
+        problems.append(f"the action's bounds are [{_bound(a.minimum)}, {_bound(a.maximum)}], the policy's "
+                        f"[{_bound(e.minimum)}, {_bound(e.maximum)}]")
     if problems:
         raise ValueError(
             f"the policy was trained on {loaded.env!r} with other specs than this env: " + "; ".join(problems) +
             ". Evaluate on the env and --env-arg values it was trained with."
         )
+
+
+def _same_bound(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    try:
+        x, y = np.broadcast_arrays(np.asarray(a), np.asarray(b))  # a scalar bound stands for every dimension
+    except ValueError:
+        return False
+    return bool(np.array_equal(x, y))
+
+
+def _bound(value) -> str:
+    return "none" if value is None else np.array2string(np.asarray(value), precision=3, separator=", ")
+
+
+def _video_key(observations) -> Optional[str]:
+    """The observation a video shows: ``pixels``, else the one uint8 image ([H, W, C]) there is."""
+    if "pixels" in observations:
+        return "pixels"
+    images = [k for k, s in observations.items() if len(s.shape) == 3 and s.dtype == "uint8"]
+    return images[0] if len(images) == 1 else None
+
+
+def _video_frame(image: np.ndarray, stacked: int) -> np.ndarray:
+    """The newest frame of an ``[H, W, C]`` observation (``stacked`` frames deep along C, by the
+    env's own frame_stack option) as RGB: grey frames repeated over the three channels."""
+    channels = image.shape[-1]
+    per_frame = channels // stacked if stacked > 1 and channels % stacked == 0 else channels
+    frame = image[..., channels - per_frame:]
+    if per_frame == 1:
+        return np.repeat(frame, 3, axis=-1)
+    return frame[..., :3]
 
 
 def evaluate(
@@ -63,16 +100,21 @@ def evaluate(
     if episodes < 1:
         raise ValueError(f"--episodes must be at least 1, got {episodes}.")
     loaded = load_policy(path)
+    # The training env's arguments carry over to the same env only: another env id need not
+    # take them (a plug-in does not know dmc's size=...); --env-arg adds or overrides.
+    kwargs = dict(loaded.env_kwargs) if env_id in (None, loaded.env) else {}
     env_id = env_id or loaded.env
-    kwargs = dict(loaded.env_kwargs)
     kwargs.update(env_kwargs or {})
     env = envs.make(env_id, seed=seed, **kwargs)
     _check_spec(loaded, env)
     rng = np.random.default_rng(seed)
     net, policy = loaded.network, loaded.policy
     frames: List[np.ndarray] = []
-    if video and "pixels" not in loaded.env_spec.observations:
-        raise ValueError(f"--video needs pixel observations; {env_id!r} gives {sorted(loaded.env_spec.observations)}.")
+    video_key = _video_key(loaded.env_spec.observations) if video else None
+    if video and video_key is None:
+        raise ValueError(f"--video needs an image observation ('pixels', or one uint8 [H, W, C] array); {env_id!r} "
+                         f"gives {sorted(loaded.env_spec.observations)}.")
+    stacked = int(kwargs.get("frame_stack", 1) or 1)
     returns, lengths = [], []
     t0 = time.monotonic()
     for episode in range(episodes):
@@ -83,7 +125,7 @@ def evaluate(
         while True:
             obs = {k: np.asarray(v)[None] for k, v in ts.observation.items()}
             if video and len(frames) < max_video_frames:
-                frames.append(np.asarray(ts.observation["pixels"])[..., -3:])
+                frames.append(_video_frame(np.asarray(ts.observation[video_key]), stacked))
             first = np.array([ts.first()])
             for key, stacker in stackers.items():
                 obs[key] = stacker.push(obs[key], first)
@@ -117,21 +159,28 @@ def evaluate(
         "seconds": time.monotonic() - t0,
     }
     if video:
-        _write_video(video, frames)
-        report["video"] = os.path.abspath(video)
+        try:
+            _write_video(video, frames)
+            report["video"] = os.path.abspath(video)
+        except Exception as exc:  # noqa: BLE001 - the episodes' report is kept; main() says what failed
+            report["video_error"] = f"could not write the video {video} ({type(exc).__name__}: {exc})"
     return report
 
 
 # What imageio (its ffmpeg and pillow plugins) writes frames to.
 VIDEO_SUFFIXES = (".mp4", ".gif", ".mkv", ".avi", ".mov", ".webm", ".webp", ".apng")  # each written here
+PILLOW_SUFFIXES = (".gif", ".webp", ".apng")  # the rest go through ffmpeg
 
 
 def _write_video(path: str, frames: List[np.ndarray], fps: int = 30) -> None:
     import imageio.v2 as imageio
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    # libx264 needs even sizes; macro_block_size=1 keeps 84x84 frames as they are.
-    with imageio.get_writer(path, fps=fps, macro_block_size=1) as writer:
+    if os.path.splitext(path)[1].lower() in PILLOW_SUFFIXES:
+        options = {"duration": 1000.0 / fps}  # pillow's animations take ms per frame (its fps is deprecated)
+    else:
+        options = {"fps": fps, "macro_block_size": 1}  # libx264 needs even sizes; 1 keeps 84x84 frames as they are
+    with imageio.get_writer(path, **options) as writer:
         for frame in frames:
             writer.append_data(np.ascontiguousarray(frame))
 
@@ -178,6 +227,8 @@ def main(argv=None) -> int:
     print(f"mean return {report['mean_return']:.1f} ± {report['std_return']:.1f} over {report['episodes']} episodes")
     if report.get("video"):
         print(f"video written to {report['video']}")
+    if report.get("video_error"):
+        print(f"error: {report['video_error']}; the report is written all the same.", file=sys.stderr)
     out = args.report
     if out is None:
         policy_dir = os.path.dirname(report["policy"]) if os.path.isfile(report["policy"]) else report["policy"]
@@ -191,7 +242,7 @@ def main(argv=None) -> int:
     with open(out, "w") as f:
         json.dump(report, f, indent=2)
     print(f"report written to {out}")
-    return 0
+    return 1 if report.get("video_error") else 0
 
 
 if __name__ == "__main__":

@@ -117,7 +117,8 @@ def load_policy(path: str) -> LoadedPolicy:
     try:
         with np.load(os.path.join(directory, _PARAMS)) as data:
             params = {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+    except (OSError, ValueError, TypeError, AttributeError, zipfile.BadZipFile, EOFError) as exc:
+        # TypeError/AttributeError: a .npy (one array, no archive) saved under the archive's name
         raise PolicyLoadError(f"{os.path.join(directory, _PARAMS)} is missing or corrupt ({exc}).") from exc
     bad = sorted(k for k, v in params.items() if v.dtype.kind == "f" and not np.all(np.isfinite(v)))
     if bad:
@@ -134,7 +135,7 @@ def load_policy(path: str) -> LoadedPolicy:
         obs_specs = stacked_observation_specs(env_spec.observations, frame_stack)
         network = NumpyNetwork(config, obs_specs, env_spec.action)
         policy = make_policy(env_spec.action, config)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list where an object belongs
         raise PolicyLoadError(f"{directory}/{_META} does not describe a network this version can build ({exc}).") from exc
     try:
         network.set_params(params)

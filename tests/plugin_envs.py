@@ -106,3 +106,10 @@ class VectorReward(Counter):
 
 def make_vector_reward(seed=None):
     return VectorReward(seed=seed)
+
+
+def make_catch(seed=None):
+    """The built-in catch through a plug-in factory that takes no options of its own."""
+    import envs
+
+    return envs.make("catch", seed=seed)
