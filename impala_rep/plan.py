@@ -15,6 +15,7 @@ many single-env processes; more processes than cores only adds switching.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import List, Optional
 
@@ -66,23 +67,118 @@ class ActorPlan:
         )
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_CGROUP = "/proc/self/cgroup"
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _cgroup_dirs(controller: str, root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> List[str]:
+    """The directories of this process's cgroup that hold ``controller``'s limits, innermost
+    first up to the mount's root: cgroup v2's unified tree, or v1's ``root/controller``. A
+    container sees its own cgroup as the mount's root, where the path named in ``proc_cgroup``
+    (the host's) does not exist: the root is then the one directory."""
+    lines = (_read(proc_cgroup) or "").splitlines()
+    unified = os.path.exists(os.path.join(root, "cgroup.controllers"))
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if unified and controllers == "":
+            mount = root
+        elif not unified and controller in controllers.split(","):
+            mount = os.path.join(root, controller)
+        else:
+            continue
+        dirs, here = [], os.path.normpath(os.path.join(mount, path.lstrip("/")))
+        if not os.path.isdir(here):
+            here = mount
+        while True:
+            dirs.append(here)
+            if os.path.normpath(here) == os.path.normpath(mount):
+                return dirs
+            here = os.path.dirname(here)
+    return []
+
+
+def cgroup_cpu_limit(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> Optional[float]:
+    """The CPU quota of this process's cgroups in cores (cgroup v2 ``cpu.max``, v1
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), the smallest along the path; None if none."""
+    limits = []
+    for d in _cgroup_dirs("cpu", root, proc_cgroup):
+        v2 = _read(os.path.join(d, "cpu.max"))
+        if v2 is not None:
+            quota, _, period = v2.partition(" ")
+        else:
+            quota, period = _read(os.path.join(d, "cpu.cfs_quota_us")), _read(os.path.join(d, "cpu.cfs_period_us"))
+        try:
+            q, p = float(quota), float(period)
+        except (TypeError, ValueError):  # "max", or nothing there
+            continue
+        if q > 0 and p > 0:
+            limits.append(q / p)
+    return min(limits) if limits else None
+
+
+def cgroup_memory_available_mb(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> Optional[int]:
+    """What this process's cgroups leave of their memory limit, in MiB (the limit less the
+    usage, reclaimable inactive file pages not counted as used); None if no limit is set."""
+    left = []
+    for d in _cgroup_dirs("memory", root, proc_cgroup):
+        v2 = _read(os.path.join(d, "memory.max"))
+        limit = v2 if v2 is not None else _read(os.path.join(d, "memory.limit_in_bytes"))
+        usage = _read(os.path.join(d, "memory.current" if v2 is not None else "memory.usage_in_bytes"))
+        try:
+            limit_b, usage_b = int(limit), int(usage)
+        except (TypeError, ValueError):  # "max", or nothing there
+            continue
+        if limit_b >= 2**60:  # cgroup v1's "no limit"
+            continue
+        inactive = 0
+        for line in (_read(os.path.join(d, "memory.stat")) or "").splitlines():
+            key, _, value = line.partition(" ")
+            if key in ("inactive_file", "total_inactive_file") and value.isdigit():
+                inactive = max(inactive, int(value))
+        left.append(max(0, limit_b - max(0, usage_b - inactive)) // (1024 * 1024))
+    return min(left) if left else None
+
+
 def available_memory_mb() -> int:
-    """MemAvailable from /proc/meminfo (falls back to total physical memory)."""
+    """MemAvailable from /proc/meminfo (falls back to total physical memory), or less where
+    this process's cgroup (a container's memory limit) leaves less."""
+    host = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) // 1024
+                    host = int(line.split()[1]) // 1024
+                    break
     except OSError:
         pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024))
+    if host is None:
+        host = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024))
+    limited = cgroup_memory_available_mb()
+    return host if limited is None else min(host, limited)
 
 
 def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), or fewer where its cgroup's CPU
+    quota (a container's --cpus) allows fewer: the quota rounded up, at least 1."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_limit()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return cores
 
 
 def env_memory_kind(env_id: str, env_kwargs: dict) -> str:
