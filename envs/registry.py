@@ -52,7 +52,9 @@ from envs.wrappers import (
     ClipReward,
     DiscretizeActions,
     FrameStack,
+    IntegerActions,
     ObservationDict,
+    needs_integer_actions,
     SelectObservation,
     TimeLimit,
 )
@@ -347,6 +349,8 @@ def make(env_id: str, seed: Optional[int] = None, **kwargs: Any) -> dm_env.Envir
         env = FrameStack(env, frame_stack)
     if bins is not None:
         env = DiscretizeActions(env, bins)
+    elif needs_integer_actions(env.action_spec()):
+        env = IntegerActions(env)
     if clip:
         env = ClipReward(env)
     return env

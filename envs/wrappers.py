@@ -43,6 +43,7 @@ __all__ = [
     "ClipReward",
     "DiscretizeActions",
     "MultiDiscreteArray",
+    "IntegerActions",
     "SelectObservation",
 ]
 
@@ -473,3 +474,47 @@ class DiscretizeActions(Wrapper):
 
     def step(self, action) -> dm_env.TimeStep:
         return self._env.step(self.to_continuous(action))
+
+
+class IntegerActions(Wrapper):
+    """Gives an integer ``BoundedArray`` action (Gym's ``Discrete``/``MultiDiscrete`` through
+    adapters: values ``minimum..maximum``) a discrete spec the categorical policies take:
+    ``DiscreteArray(maximum - minimum + 1)`` for a scalar, :class:`MultiDiscreteArray` for an
+    array whose every element has the same range; the policy's index ``i`` is the env's
+    ``minimum + i``. Ranges that differ between elements, or unbounded ones, raise
+    :class:`EnvError`.
+    """
+
+    _MAX_VALUES = 1 << 16
+
+    def __init__(self, env: dm_env.Environment):
+        super().__init__(env)
+        spec = env.action_spec()
+        lo = np.broadcast_to(spec.minimum, spec.shape).ravel()
+        hi = np.broadcast_to(spec.maximum, spec.shape).ravel()
+        sizes = np.unique(hi.astype(np.int64) - lo.astype(np.int64) + 1) if lo.size else np.array([], np.int64)
+        if lo.size == 0 or sizes.size != 1 or not 1 <= int(sizes[0]) <= self._MAX_VALUES:
+            raise EnvError(
+                f"the env's integer action spec {spec!r} has "
+                + ("no elements" if lo.size == 0 else f"ranges of {sorted(set(sizes.tolist()))[:5]} values")
+                + f"; impala_rep's categorical policies need one range of 1 to {self._MAX_VALUES} values for every "
+                "element (wrap the env so its action is a dm_env DiscreteArray, or one range per element)."
+            )
+        n = int(sizes[0])
+        self._inner_spec = spec
+        self._offset = np.broadcast_to(spec.minimum, spec.shape).astype(spec.dtype)
+        self._spec = (specs.DiscreteArray(n, dtype=np.int32, name="action") if spec.shape == ()
+                      else MultiDiscreteArray(spec.shape, n, dtype=np.int32, name="action"))
+
+    def action_spec(self):
+        return self._spec
+
+    def step(self, action) -> dm_env.TimeStep:
+        return self._env.step((np.asarray(action) + self._offset).astype(self._inner_spec.dtype))
+
+
+def needs_integer_actions(spec: Any) -> bool:
+    """Whether ``spec`` is an integer ``BoundedArray`` without ``num_values`` (not a
+    ``DiscreteArray`` or :class:`MultiDiscreteArray`): :class:`IntegerActions` makes it one."""
+    return (isinstance(spec, specs.BoundedArray) and np.issubdtype(spec.dtype, np.integer)
+            and getattr(spec, "num_values", None) is None)

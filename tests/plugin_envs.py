@@ -113,3 +113,23 @@ def make_catch(seed=None):
     import envs
 
     return envs.make("catch", seed=seed)
+
+
+class IntegerAction(Counter):
+    """Acts with the integers 1..4 (an int BoundedArray, as Gym adapters give a Discrete space);
+    records the actions it received."""
+
+    def __init__(self, seed=None):
+        super().__init__(seed=seed)
+        self.received = []
+
+    def action_spec(self):
+        return specs.BoundedArray((), np.int64, minimum=1, maximum=4, name="action")
+
+    def step(self, action):
+        self.received.append(action)
+        return super().step(0)
+
+
+def make_integer_action(seed=None):
+    return IntegerAction(seed=seed)

@@ -1,5 +1,6 @@
 """Unit tests of envs.wrappers on scripted envs (exact rewards, discounts, step types)."""
 
+import os
 import pickle
 
 import dm_env
@@ -174,6 +175,36 @@ def test_observation_dict_gives_arrays_their_spec_dtype_or_says_what_the_env_ret
         with pytest.raises(envs.EnvError) as info:
             env.reset()
         assert words in str(info.value), (words, str(info.value))
+
+
+def test_integer_bounded_actions_become_discrete_for_the_categorical_policies(monkeypatch):
+    """An int BoundedArray action (a Gym Discrete/MultiDiscrete through an adapter) had no
+    policy ("neither discrete nor floating-point", and categorical wanted num_values)."""
+    from impala_rep.distributions import CategoricalPolicy, MultiCategoricalPolicy, make_policy
+
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))
+    env = envs.make("plugin_envs:make_integer_action")
+    spec = env.action_spec()
+    assert isinstance(spec, specs.DiscreteArray) and spec.num_values == 4
+    assert isinstance(make_policy(spec), CategoricalPolicy)
+    env.reset()
+    env.step(np.int32(0))
+    env.step(np.int32(3))
+    inner = env
+    while hasattr(inner, "_env"):
+        inner = inner._env
+    assert [int(a) for a in inner.received] == [1, 4] and inner.received[0].dtype == np.int64
+
+    vector = wrappers.IntegerActions(Scripted([(0.0, 1.0, False)] * 2, specs.BoundedArray((2,), np.int32, -1, 1)))
+    assert vector.action_spec().num_values == 3 and vector.action_spec().shape == (2,)
+    assert isinstance(make_policy(vector.action_spec()), MultiCategoricalPolicy)
+    vector.reset()
+    vector.step(np.array([0, 2], np.int32))
+    np.testing.assert_array_equal(vector._env.actions[0], [-1, 1])
+
+    uneven = Scripted([], specs.BoundedArray((2,), np.int32, [0, 0], [1, 4]))
+    with pytest.raises(envs.EnvError, match=r"has ranges of \[2, 5\] values; impala_rep's categorical policies need one"):
+        wrappers.IntegerActions(uneven)
 
 
 def test_catch_pixels_learnable_structure():

@@ -213,6 +213,22 @@ def test_param_refresh_lag_sends_actors_a_share_of_the_versions(tmp_path):
     assert json.load(open(os.path.join(logdir, "config.json")))["param_refresh_lag"] == 5
 
 
+def test_a_plugin_env_with_integer_actions_trains_and_evaluates(tmp_path):
+    # An int BoundedArray action (values 1..4, as a Gym adapter gives Discrete) had no policy.
+    logdir = str(tmp_path / "run")
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = dict(ENV, PYTHONPATH=os.pathsep.join(p for p in (tests_dir, ENV.get("PYTHONPATH")) if p))
+    proc = subprocess.run(
+        [sys.executable, "-m", "impala_rep.launch", "--env", "plugin_envs:make_integer_action", "--actors", "2",
+         "--batch-size", "4", "--unroll-length", "5", "--total-steps", "400", "--log-interval", "1",
+         "--logdir", logdir], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert metrics(logdir)[-1]["agent_steps"] >= 400
+    ev = subprocess.run([sys.executable, "-m", "impala_rep.evaluate", logdir, "--episodes", "2"],
+                        capture_output=True, text=True, timeout=300, env=env)
+    assert ev.returncode == 0 and "mean return 5.0" in ev.stdout, ev.stdout + ev.stderr[-2000:]
+
+
 def test_max_actor_streams_refuses_the_actor_processes_beyond_it(tmp_path):
     logdir = str(tmp_path / "run")
     proc = launch(*CATCH, "--actors", "2", "--actor-processes", "2", "--total-steps", "4000",
