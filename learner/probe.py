@@ -65,6 +65,10 @@ def time_learner_step(config: RunConfig, env_spec: EnvSpec, cpu_seconds: float =
                       wall_limit: float = 60.0, min_steps: int = 2, seed: int = 0) -> Dict[str, Any]:
     """CPU seconds per agent step of ``config``'s learner step on one CPU replica.
 
+    Per agent step the actors produce: with ``--replay-ratio`` a batch holds fewer fresh
+    unrolls (:func:`impala_rep.config.replayed_per_batch`), so each fresh agent step costs the
+    learner more (twice as much at 0.5), which the launcher's thread count must see.
+
     Call with TensorFlow's threads already sized (``_main`` sizes them to one). Two steps
     warm up (tracing, first allocations); then steps run until ``cpu_seconds`` of this
     process's CPU, at least ``min_steps``, stopping early at ``wall_limit`` seconds.
@@ -84,7 +88,9 @@ def time_learner_step(config: RunConfig, env_spec: EnvSpec, cpu_seconds: float =
         step.train(batch)
         steps += 1
     cpu = time.process_time() - cpu0
-    per_step = config.unroll_length * config.batch_size
+    from impala_rep.config import replayed_per_batch
+
+    per_step = config.unroll_length * (config.batch_size - replayed_per_batch(config.batch_size, config.replay_ratio))
     return {"steps": steps, "agent_steps_per_step": per_step,
             "cpu_seconds": cpu, "wall_seconds": time.perf_counter() - wall0, "warmup_seconds": warmup_s,
             "seconds_per_step": cpu / (steps * per_step)}

@@ -47,6 +47,12 @@ def test_learner_step_cost_is_cpu_seconds_per_agent_step(catch_spec):
                                cpu_seconds=0.2, min_steps=3)
     assert bigger["agent_steps_per_step"] == 2560
     assert bigger["cpu_seconds"] / bigger["steps"] > result["cpu_seconds"] / result["steps"]
+    # With half of each batch replayed, a step trains on half as many fresh agent steps: each
+    # costs the learner twice as much, which the launcher's learner threads must see.
+    replay = time_learner_step(RunConfig(env="catch", unroll_length=5, batch_size=4, replay_ratio=0.5), catch_spec,
+                               cpu_seconds=0.1, min_steps=2)
+    assert replay["agent_steps_per_step"] == 10
+    assert replay["seconds_per_step"] == pytest.approx(replay["cpu_seconds"] / (10 * replay["steps"]))
 
 
 def test_probe_runs_in_a_subprocess_and_reports_failures_as_sentences(catch_spec):
