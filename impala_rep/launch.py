@@ -205,7 +205,8 @@ def main(argv=None) -> int:
     cores = available_cores()
     try:
         config = config_from_args(args)
-        plan = plan_actors(config.actors, config.env, config.env_kwargs, config.actor_processes)
+        # A first plan for the probes; its memory is checked once the process count is chosen.
+        plan = plan_actors(config.actors, config.env, config.env_kwargs, config.actor_processes, check_memory=False)
         # Sized by cost only when the learner computes on these cores (a GPU or TPU learner's
         # threads only feed it).
         by_cost = args.learner_threads == "auto" and config.learner in ("cpu", "auto")
@@ -217,8 +218,7 @@ def main(argv=None) -> int:
         # Only a CPU learner surely computes on these cores ('auto' may find an accelerator).
         processes, processes_why = choose_actor_processes(config, cores, costs, plan.processes,
                                                           by_cost and config.learner == "cpu")
-        if processes != plan.processes:
-            plan = plan_actors(config.actors, config.env, config.env_kwargs, processes)
+        plan = plan_actors(config.actors, config.env, config.env_kwargs, processes)
     except (ValueError, PlanError) as exc:
         parser.error(str(exc))
     except KeyboardInterrupt:  # Ctrl-C while probing: nothing has started yet

@@ -202,8 +202,10 @@ def plan_actors(
     processes: Optional[int] = None,
     cores: Optional[int] = None,
     memory_mb: Optional[int] = None,
+    check_memory: bool = True,
 ) -> ActorPlan:
-    """Splits ``actors`` envs over processes; raises :class:`PlanError` if it cannot fit."""
+    """Splits ``actors`` envs over processes; raises :class:`PlanError` if it cannot fit
+    (``check_memory=False``: a first plan whose process count may still change)."""
     if actors < 1:
         raise PlanError(f"--actors must be at least 1, got {actors}.")
     cores = available_cores() if cores is None else cores
@@ -216,9 +218,15 @@ def plan_actors(
     per_env = ENV_MB[env_memory_kind(env_id, env_kwargs or {})]
     estimate = LEARNER_MB + processes * PROCESS_BASE_MB + actors * per_env
     budget = int(memory_mb * MEMORY_HEADROOM)
-    if estimate > budget:
+    if check_memory and estimate > budget:
         fit = max(0, (budget - LEARNER_MB - processes * PROCESS_BASE_MB) // per_env)
-        hint = f"use --actors {fit} or fewer" if fit >= 1 else "free memory or use a machine with more"
+        in_one = max(0, (budget - LEARNER_MB - PROCESS_BASE_MB) // per_env)  # every env in one process
+        if fit >= processes:
+            hint = f"use --actors {fit} or fewer"
+        elif in_one >= 1:
+            hint = f"use fewer actor processes: --actor-processes 1 fits --actors {in_one} or fewer"
+        else:
+            hint = "free memory or use a machine with more"
         raise PlanError(
             f"{actors} actors of {env_id} need about {estimate / 1024:.1f} GiB "
             f"({per_env} MB per env, {PROCESS_BASE_MB} MB per process, {LEARNER_MB} MB for the learner), "

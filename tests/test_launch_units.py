@@ -78,6 +78,12 @@ def test_plan_refuses_what_cannot_fit_and_says_what_would():
         plan_actors(256, "dmc/cartpole-swingup", {"render": "standard"}, cores=2, memory_mb=4 * 1024)
     with pytest.raises(PlanError, match="exceeds --actors"):
         plan_actors(2, "catch", {}, processes=4, cores=2, memory_mb=1024)
+    # Many cores and little memory: the processes, not the envs, are what does not fit, and a
+    # first plan (before the launcher chooses the process count) is not refused for them.
+    with pytest.raises(PlanError, match=r"use fewer actor processes: --actor-processes 1 fits --actors 138 or fewer\."):
+        plan_actors(16, "dmc/cartpole-swingup", {}, cores=16, memory_mb=4 * 1024)
+    assert plan_actors(16, "dmc/cartpole-swingup", {}, cores=16, memory_mb=4 * 1024, check_memory=False).processes == 16
+    assert plan_actors(16, "dmc/cartpole-swingup", {}, processes=2, cores=16, memory_mb=4 * 1024).processes == 2
 
 
 def _sleeper(code, delay=0.0):
@@ -592,7 +598,7 @@ def test_actors_run_with_several_processes_supervises_the_split(monkeypatch):
         all_finished = False
         diverged = None
 
-        def __init__(self, commands, max_restarts, env):
+        def __init__(self, commands, max_restarts, env, log_dir=None):
             seen.update(commands=commands, env=env)
 
         def start(self):
