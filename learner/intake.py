@@ -116,9 +116,12 @@ class SlotLayout:
 
 
 def _shared_file(nbytes: int) -> Tuple[str, int]:
-    """``(path, fd)`` of a new file of ``nbytes`` for both processes to map: in ``/dev/shm``
-    (memory) when it has room, else in the temporary directory. The room is reserved up front
-    (``posix_fallocate``): a tmpfs that runs out while mapped kills its writer with SIGBUS."""
+    """``(directory, fd)`` of a new file of ``nbytes`` for both processes to map: in
+    ``/dev/shm`` (memory) when it has room, else in the temporary directory (with a warning:
+    disk-backed). The room is reserved up front (``posix_fallocate``): a tmpfs that runs out
+    while mapped kills its writer with SIGBUS. The file is unlinked at once and lives as long
+    as a descriptor or mapping of it does (the child gets the descriptor), so a learner killed
+    at any moment leaves nothing in ``/dev/shm``."""
     name = f"impala_rep-intake-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     tried = []
     for directory in ("/dev/shm", tempfile.gettempdir()):
@@ -132,11 +135,17 @@ def _shared_file(nbytes: int) -> Tuple[str, int]:
             continue
         try:
             os.posix_fallocate(fd, 0, nbytes)
-            return path, fd
         except OSError as exc:
             os.close(fd)
-            os.unlink(path)
             tried.append(f"{directory}: {exc.strerror or exc}")
+            continue
+        finally:
+            os.unlink(path)
+        if directory != "/dev/shm":
+            log.warning("no room in /dev/shm for the intake's %.0f MiB of batch and parameter slots (%s): they are "
+                        "in a file in %s, which a disk may back; give /dev/shm room (docker run --shm-size) or use "
+                        "--intake thread.", nbytes / 2**20, "; ".join(tried) or "no /dev/shm", directory)
+        return directory, fd
     raise OSError(f"the learner's intake needs {nbytes / 2**20:.0f} MiB of shared memory for its batch slots and "
                   f"found no room ({'; '.join(tried) or 'no /dev/shm or temporary directory'}); free some, set "
                   "TMPDIR to a directory with room, or use --intake thread.")
@@ -263,13 +272,10 @@ class ProcessIntake:
         if self._proc is not None:
             raise RuntimeError("the intake is already started.")
         total = self.batches.nbytes + self.params_layout.nbytes
-        path, fd = _shared_file(total)
+        _, fd = _shared_file(total)
         parent_sock = child_sock = None
         try:
-            try:
-                self._mem = mmap.mmap(fd, total)
-            finally:
-                os.close(fd)
+            self._mem = mmap.mmap(fd, total)
             self._slot_views = [self.batches.views(self._mem, i) for i in range(self.batches.count)]
             self._param_views = [self.params_layout.views(self._mem, i, self.batches.nbytes)
                                  for i in range(self.PARAM_SLOTS)]
@@ -278,8 +284,8 @@ class ProcessIntake:
                 np.copyto(view, np.asarray(params[name]))
             parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             self._proc = subprocess.Popen(  # pylint: disable=consider-using-with
-                [sys.executable, "-m", "learner.intake", "--fd", str(child_sock.fileno()), "--memory", path],
-                pass_fds=(child_sock.fileno(),),
+                [sys.executable, "-m", "learner.intake", "--fd", str(child_sock.fileno()), "--memory-fd", str(fd)],
+                pass_fds=(child_sock.fileno(), fd),
                 start_new_session=True,  # a Ctrl-C in the terminal reaches the learner, which stops it
             )
             child_sock.close()
@@ -288,10 +294,7 @@ class ProcessIntake:
             self._chan.send(type="setup", setup=self._setup)
             first = self._recv_start()
         finally:
-            try:
-                os.unlink(path)  # both processes have it mapped (or the start failed): nothing to leave behind
-            except FileNotFoundError:
-                pass
+            os.close(fd)  # the mapping (and the child's descriptor) keep the memory
             if child_sock is not None:
                 child_sock.close()
             if parent_sock is not None and self._chan is None:
@@ -555,7 +558,7 @@ class ProcessIntake:
 # ---------------------------------------------------------------------- the child process
 
 
-def _serve(chan: _Channel, memory_path: str) -> int:
+def _serve(chan: _Channel, memory_fd: int) -> int:
     from learner.batcher import Batcher
     from learner.params import ParameterStore
     from learner.queue import UnrollQueue
@@ -565,11 +568,10 @@ def _serve(chan: _Channel, memory_path: str) -> int:
     setup = first["setup"]
     batches = SlotLayout.from_json(setup["batches"])
     params_layout = SlotLayout.from_json(setup["params"])
-    fd = os.open(memory_path, os.O_RDWR)
     try:
-        mem = mmap.mmap(fd, batches.nbytes + params_layout.nbytes)
+        mem = mmap.mmap(memory_fd, batches.nbytes + params_layout.nbytes)
     finally:
-        os.close(fd)
+        os.close(memory_fd)
     slot_views = [batches.views(mem, i) for i in range(batches.count)]
     param_views = [params_layout.views(mem, i, batches.nbytes) for i in range(params_layout.count)]
     spec = {k: ArraySpec.from_json(v) for k, v in setup["unroll_spec"].items()}
@@ -669,12 +671,13 @@ def _serve(chan: _Channel, memory_path: str) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="The learner's intake process (started by the learner).")
     parser.add_argument("--fd", type=int, required=True, help="the socket to the learner")
-    parser.add_argument("--memory", required=True, help="the shared-memory file of batch and parameter slots")
+    parser.add_argument("--memory-fd", type=int, required=True,
+                        help="the descriptor of the (unlinked) shared-memory file of batch and parameter slots")
     args = parser.parse_args(argv)
     configure_logging("%(asctime)s intake %(levelname)s %(message)s")
     chan = _Channel(Connection(args.fd))
     try:
-        return _serve(chan, args.memory)
+        return _serve(chan, args.memory_fd)
     except (EOFError, OSError) as exc:
         log.error("the learner's intake process lost its learner: %s", exc)
         return 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import mmap
+import logging
 import os
 import socket
 import subprocess
@@ -965,7 +966,7 @@ def test_a_launch_whose_intake_dies_stops_with_a_sentence_and_saves(tmp_path):
     assert glob.glob(str(logdir / "checkpoints" / "ckpt-*.index"))  # what was learned is kept
 
 
-def test_the_shared_file_falls_back_to_the_temp_dir_and_says_when_nothing_has_room(monkeypatch, tmp_path):
+def test_the_shared_file_falls_back_to_the_temp_dir_and_says_when_nothing_has_room(monkeypatch, tmp_path, caplog):
     import errno
 
     from learner import intake as intake_module
@@ -980,12 +981,15 @@ def test_the_shared_file_falls_back_to_the_temp_dir_and_says_when_nothing_has_ro
         return real(fd, offset, length)
 
     monkeypatch.setattr(os, "posix_fallocate", fallocate)
-    path, fd = intake_module._shared_file(4096)
+    with caplog.at_level(logging.WARNING, logger="impala_rep.learner"):
+        directory, fd = intake_module._shared_file(4096)
     try:
-        assert os.path.dirname(path) == str(tmp_path) and os.fstat(fd).st_size == 4096
+        assert directory == str(tmp_path) and os.fstat(fd).st_size == 4096
+        assert os.fstat(fd).st_nlink == 0 and not os.listdir(tmp_path)  # unlinked at once: nothing to leave behind
     finally:
         os.close(fd)
-        os.unlink(path)
+    assert "no room in /dev/shm for the intake's 0 MiB of batch and parameter slots" in caplog.text
+    assert f"they are in a file in {tmp_path}, which a disk may back" in caplog.text
     full.add(str(tmp_path))
     with pytest.raises(OSError, match=r"needs 0 MiB of shared memory for its batch slots and found no room "
                                       r"\(/dev/shm: No space left on device; .*: No space left on device\); .*"
