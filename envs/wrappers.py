@@ -128,9 +128,11 @@ class ObservationDict(Wrapper):
                     )
             self._single = False
             self._spec = {str(k): v for k, v in spec.items()}
+            self._exact = {k: (np.dtype(v.dtype), tuple(v.shape)) for k, v in self._spec.items()}
         elif _is_spec(spec):
             self._single = True
             self._spec = {"observation": spec}
+            self._exact = {"observation": (np.dtype(spec.dtype), tuple(spec.shape))}
         else:
             raise EnvError(
                 f"the env's observation spec is a {type(spec).__name__}; impala_rep accepts one "
@@ -143,13 +145,20 @@ class ObservationDict(Wrapper):
     def _convert(self, timestep: dm_env.TimeStep) -> dm_env.TimeStep:
         obs = timestep.observation
         if self._single:
-            obs = {"observation": self._as_spec("observation", obs)}
+            out = {"observation": self._as_spec("observation", obs)}
         else:
-            if not isinstance(obs, Mapping) or len(obs) != len(self._spec):
+            if not (type(obs) is dict or isinstance(obs, Mapping)) or len(obs) != len(self._exact):
                 keys = sorted(map(str, obs)) if isinstance(obs, Mapping) else type(obs).__name__
                 raise EnvError(f"the env returned observation {keys}; its spec has {sorted(self._spec)}.")
-            obs = {str(k): self._as_spec(str(k), v) for k, v in obs.items()}
-        return timestep._replace(observation=obs)
+            out = {}
+            exact = self._exact
+            for key, value in obs.items():
+                want = exact.get(key)
+                if want is not None and type(value) is np.ndarray and value.dtype is want[0] and value.shape == want[1]:
+                    out[key] = value  # the usual case, at a step's rate
+                else:
+                    out[str(key)] = self._as_spec(str(key), value)
+        return timestep._replace(observation=out)
 
     def _as_spec(self, key: str, value: Any) -> np.ndarray:
         spec = self._spec.get(key)
