@@ -174,6 +174,17 @@ class RunConfig:
                 f"replay-ratio must be at least 0 and below 1 (the share of each batch replayed; every batch "
                 f"keeps a fresh unroll), got {self.replay_ratio!r}."
             )
+        replayed = replayed_per_batch(self.batch_size, self.replay_ratio)
+        if self.replay_ratio > 0 and replayed == 0:
+            raise ConfigError(
+                f"replay-ratio {self.replay_ratio:g} of a batch of {self.batch_size} unrolls replays none of them "
+                f"(the nearest whole number); use a replay-ratio of at least {0.5 / self.batch_size:.3g}, or 0."
+            )
+        if self.replay_unrolls is not None and self.replay_unrolls < replayed:
+            raise ConfigError(
+                f"replay-unrolls {self.replay_unrolls} holds fewer than the {replayed} unrolls each batch replays "
+                f"(replay-ratio {self.replay_ratio:g} of {self.batch_size}); give at least {replayed}."
+            )
         if isinstance(self.eval_episodes, bool) or not isinstance(self.eval_episodes, int) or self.eval_episodes < 0:
             raise ConfigError(
                 f"eval-episodes must be a whole number of episodes to evaluate each exported policy on "

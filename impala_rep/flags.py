@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
 
-__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser"]
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "ignored_flags", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser"]
 
 
 # make_replicator's errors name its arguments (kind=, tpu=, num_replicas=); on the command line
@@ -202,7 +202,8 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--lstm-size", type=_positive_int, default=None, help="add an LSTM core of this size (default: none)")
     g.add_argument("--policy", choices=("auto", "categorical", "gaussian", "discretised"), default="auto",
                    help="policy head; auto = categorical for discrete actions, gaussian for continuous")
-    g.add_argument("--bins", type=_positive_int, default=11, help="bins per action dimension for --policy discretised")
+    g.add_argument("--bins", type=int_at_least(2, "an integer of at least 2"), default=11,
+                   help="bins per action dimension for --policy discretised (at least 2)")
     g.add_argument("--discount", type=_float_in("a discount from 0 to 1", 0.0, 1.0), default=0.99)
     g.add_argument("--learning-rate", type=positive_float, default=6e-4)
     g.add_argument("--entropy-cost", type=nonnegative_float, default=0.01)
@@ -364,6 +365,21 @@ def check_logdir(path: str) -> None:
         part_path = os.path.join(path, part)
         if os.path.lexists(part_path) and not os.path.isdir(part_path):
             raise UsageError(f"{part_path} is not a directory, and the run writes one there; move it away.")
+
+
+def ignored_flags(config: RunConfig) -> List[str]:
+    """Sentences for flags given that this run's other settings make do nothing (the entry
+    points log them as warnings)."""
+    notes = []
+    if config.tpu_address and config.learner not in ("tpu", "auto"):
+        notes.append(f"--tpu-address is for --learner tpu or auto; this run's learner is {config.learner}, so it "
+                     "is not used.")
+    if config.eval_greedy and not config.eval_episodes:
+        notes.append("--eval-greedy applies to the evaluations of --eval-episodes N, and there are none "
+                     "(--eval-episodes 0).")
+    if config.replay_unrolls is not None and not config.replay_ratio:
+        notes.append("--replay-unrolls sizes the buffer of --replay-ratio, which is 0: nothing is replayed.")
+    return notes
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -192,6 +192,30 @@ def actor_environment(token: Optional[str]) -> dict:
     return env
 
 
+def resolve_auto_learner(config, list_devices=None):
+    """``config`` with ``--learner auto`` made the kind it resolves to (TPU, else GPUs, else
+    CPU, as :func:`impala_rep.replicator.make_replicator` resolves it), and why; so that a
+    host without an accelerator plans its threads, replicas and actors as ``--learner cpu``
+    does (replicas side by side, actors sized by cost), and one with a GPU not as a CPU
+    learner. ``list_devices(kind)`` lists physical devices (default TensorFlow's, which does
+    not fix TensorFlow's thread pools yet)."""
+    if config.learner != "auto":
+        return config, None
+    if list_devices is None:
+        import tensorflow as tf
+
+        list_devices = tf.config.list_physical_devices
+    if config.tpu_address not in (None, "", "local"):
+        kind, why = "tpu", f"--tpu-address {config.tpu_address}"
+    elif list_devices("TPU"):
+        kind, why = "tpu", "a TPU is attached"
+    elif list_devices("GPU"):
+        kind, why = "gpu", f"{len(list_devices('GPU'))} GPU(s)"
+    else:
+        kind, why = "cpu", "no TPU or GPU on this host"
+    return dataclasses.replace(config, learner=kind), f"--learner auto: {why}"
+
+
 def main(argv=None) -> int:
     from impala_rep.plan import PlanError, available_cores, plan_actors
     from impala_rep.probe import probe_env
@@ -200,11 +224,16 @@ def main(argv=None) -> int:
     configure_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
-    from impala_rep.flags import config_from_args
+    from impala_rep.flags import config_from_args, ignored_flags
 
     cores = available_cores()
     try:
         config = config_from_args(args)
+        for note in ignored_flags(config):
+            log.warning("%s", note)
+        config, auto_why = resolve_auto_learner(config)
+        if auto_why:
+            log.info("learner: %s (%s)", config.learner, auto_why)
         # A first plan for the probes; its memory is checked once the process count is chosen.
         plan = plan_actors(config.actors, config.env, config.env_kwargs, config.actor_processes, check_memory=False)
         # Sized by cost only when the learner computes on these cores (a GPU or TPU learner's

@@ -885,7 +885,7 @@ def start_trainer(config: RunConfig, env_spec: EnvSpec):
 
 
 def main(argv=None) -> int:
-    from impala_rep.flags import CommandLineParser, add_learner_flags, config_from_args
+    from impala_rep.flags import CommandLineParser, add_learner_flags, config_from_args, ignored_flags
     from impala_rep.probe import probe_env_spec
 
     configure_logging()
@@ -897,6 +897,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
+        for note in ignored_flags(config):
+            log.warning("%s", note)
         env_spec = probe_env_spec(config.env, config.env_kwargs)
     except ValueError as exc:
         parser.error(str(exc))

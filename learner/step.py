@@ -332,7 +332,7 @@ class LearnerStep:
             from impala_rep.losses import LossConfig
 
             loss_fn = _impala_loss_fn(loss_config if loss_config is not None else LossConfig())
-        self._check_batch_spec(batch_spec, replicator.num_replicas)
+        self._check_batch_spec(batch_spec, replicator.num_replicas, getattr(replicator, "kind", None))
 
         self.replicator = replicator
         self.policy = policy
@@ -446,7 +446,7 @@ class LearnerStep:
         )
 
     @staticmethod
-    def _check_batch_spec(batch_spec: Mapping[str, ArraySpec], num_replicas: int) -> None:
+    def _check_batch_spec(batch_spec: Mapping[str, ArraySpec], num_replicas: int, kind: Optional[str] = None) -> None:
         required = ("step_type", "reward", "discount", "action", "behaviour_log_prob")
         missing = [k for k in required if k not in batch_spec]
         if missing or not any(k.startswith(("observation/", "frames/")) for k in batch_spec):
@@ -457,8 +457,8 @@ class LearnerStep:
         if b % num_replicas:
             raise ValueError(
                 f"the batch size {b} is not divisible by the {num_replicas} replicas: use a batch "
-                f"size that is a multiple of {num_replicas} (e.g. {max(num_replicas, b // num_replicas * num_replicas)}) "
-                "or change num_replicas."
+                f"size that is a multiple of {num_replicas} (e.g. {max(num_replicas, b // num_replicas * num_replicas)})"
+                + (": a TPU runs one replica per core." if kind == "tpu" else " or change num_replicas.")
             )
 
     # -- the step ------------------------------------------------------------------------

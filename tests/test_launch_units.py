@@ -34,6 +34,10 @@ def test_run_config_round_trips_and_hides_the_token():
         ({"param_refresh_lag": 0}, "param-refresh-lag must be a whole number of learner versions from 1 .* to 1000, got 0"),
         ({"param_refresh_lag": 1001}, "param-refresh-lag must be .* got 1001"),
         ({"max_actor_streams": 0}, "max-actor-streams must be a whole number of actor processes from 1 to 4096, got 0"),
+        ({"replay_ratio": 0.1, "batch_size": 4}, r"replay-ratio 0.1 of a batch of 4 unrolls replays none of them .* "
+         r"use a replay-ratio of at least 0.125, or 0"),
+        ({"replay_ratio": 0.5, "batch_size": 32, "replay_unrolls": 8}, r"replay-unrolls 8 holds fewer than the 16 "
+         r"unrolls each batch replays .* give at least 16"),
         ({"max_actor_streams": 5000}, "max-actor-streams must be .* got 5000"),
         ({"learner_precision": "float16"}, "learner-precision must be one of float32, bfloat16, got 'float16'"),
         ({"time_budget_s": 0}, "time-budget must be a positive, finite number of seconds"),
@@ -409,6 +413,42 @@ def test_param_refresh_lag_flag_reaches_the_config(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--env", "catch", "--param-refresh-lag", "0"])
     assert "--param-refresh-lag: expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_learner_auto_is_planned_as_the_kind_it_resolves_to():
+    """--learner auto on a host without an accelerator is planned as --learner cpu (replicas
+    side by side, actors sized by cost), and on a GPU host not as a CPU learner."""
+    from impala_rep.launch import cpu_replicas, resolve_auto_learner
+
+    auto = RunConfig(env="catch", learner="auto", batch_size=16)
+    none = lambda kind: []  # noqa: E731
+    config, why = resolve_auto_learner(auto, none)
+    assert config.learner == "cpu" and why == "--learner auto: no TPU or GPU on this host"
+    assert cpu_replicas(config, 2) == (2, "one per learner thread that divides the batch of 16")
+    config, why = resolve_auto_learner(auto, lambda kind: ["/gpu:0", "/gpu:1"] if kind == "GPU" else [])
+    assert config.learner == "gpu" and why == "--learner auto: 2 GPU(s)"
+    config, why = resolve_auto_learner(RunConfig(env="catch", learner="auto", tpu_address="grpc://10.0.0.2:8470"),
+                                       none)
+    assert config.learner == "tpu" and why == "--learner auto: --tpu-address grpc://10.0.0.2:8470"
+    assert resolve_auto_learner(RunConfig(env="catch", learner="cpu"), none) == (RunConfig(env="catch"), None)
+
+
+def test_flags_that_other_settings_make_do_nothing_are_named(capsys):
+    from impala_rep.flags import config_from_args, ignored_flags
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    config = config_from_args(parser.parse_args(["--env", "catch", "--tpu-address", "grpc://h:1", "--eval-greedy",
+                                                 "--replay-unrolls", "64"]))
+    assert ignored_flags(config) == [
+        "--tpu-address is for --learner tpu or auto; this run's learner is cpu, so it is not used.",
+        "--eval-greedy applies to the evaluations of --eval-episodes N, and there are none (--eval-episodes 0).",
+        "--replay-unrolls sizes the buffer of --replay-ratio, which is 0: nothing is replayed.",
+    ]
+    assert ignored_flags(config_from_args(parser.parse_args(["--env", "catch"]))) == []
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--env", "catch", "--bins", "1"])
+    assert "--bins: expected an integer of at least 2, got 1" in capsys.readouterr().err
 
 
 def test_max_actor_streams_flag_reaches_the_config(capsys):

@@ -244,8 +244,11 @@ def test_bad_batches_and_configs_are_sentences(batches):
         learner.train({**batches[0], "reward": batches[0]["reward"].astype(np.float64)})
     with pytest.raises(ValueError, match=r"has shape \[5, 4\], but the learner step expects \[5, 8\]"):
         learner.train({**batches[0], "reward": batches[0]["reward"][:, :4]})
-    with pytest.raises(ValueError, match="batch size 6 is not divisible by the 4 replicas"):
+    with pytest.raises(ValueError, match="batch size 6 is not divisible by the 4 replicas.* or change num_replicas"):
         LearnerStep(make_replicator("cpu", num_replicas=4), TinyNetwork, tiny_policy(), tiny_batch_spec(T, 6))
+    # A TPU runs one replica per core: no advice to change the replicas there.
+    with pytest.raises(ValueError, match=r"multiple of 8 \(e.g. 8\): a TPU runs one replica per core\.$"):
+        LearnerStep._check_batch_spec(tiny_batch_spec(T, 6), 8, "tpu")
     with pytest.raises(ValueError, match="learning_rate must be positive"):
         OptimizerConfig(learning_rate=0.0)
     with pytest.raises(ValueError, match="decay must lie in"):
