@@ -902,19 +902,35 @@ def main(argv=None) -> int:
         env_spec = probe_env_spec(config.env, config.env_kwargs)
     except ValueError as exc:
         parser.error(str(exc))
+    if config.learner == "cpu":
+        # Alone on its host, a CPU learner computes on every core, in replicas side by side as
+        # the launcher lays them out (one per thread that divides the batch).
+        import dataclasses
+
+        from impala_rep.launch import cpu_replicas
+        from impala_rep.plan import available_cores
+
+        threads = available_cores()
+        replicas, why = cpu_replicas(config, threads)
+        log.info("learner threads: %d (this host's cores); replicas: %d (%s)", threads, replicas, why)
+        config = dataclasses.replace(config, replicas=replicas)
+        configure_threads(threads, replicas)
     trainer, stop = start_trainer(config, env_spec)
     if trainer is None:
         return 2
     print(f"learner listening on {trainer.server.address}", flush=True)
     from learner.intake import IntakeError
 
+    return_code = 0
     try:
         trainer.train(stop)
+        return_code = 1 if trainer.diverged else 0
     except IntakeError as exc:  # --intake process: the child serving the actors is gone; save what was learned
         log.error("%s Stopping; the learner's last parameters are saved.", exc)
         return_code = 1
-    else:
-        return_code = 1 if trainer.diverged else 0
+    except KeyboardInterrupt:  # a second Ctrl-C: stop now (close() below still saves)
+        log.warning("aborted")
+        return_code = 130
     finally:
         trainer.close()
     return return_code

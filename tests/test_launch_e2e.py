@@ -388,6 +388,11 @@ def test_remote_actors_stop_when_the_learners_run_is_over(tmp_path):
              "--actor-processes", "2", "--give-up-after", "120"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
         assert learner.wait(timeout=300) == 0, learner.stderr.read()[-3000:]
+        learner_log = learner.stderr.read()
+        # alone on its host, a CPU learner lays its replicas out as the launcher does
+        cores = len(os.sched_getaffinity(0))
+        replicas = max(r for r in range(1, cores + 1) if 4 % r == 0)
+        assert f"learner threads: {cores} (this host's cores); replicas: {replicas}" in learner_log, learner_log[-3000:]
         t0 = time.monotonic()
         _, err = actors.communicate(timeout=60)
         assert actors.returncode == 0, err[-3000:]
