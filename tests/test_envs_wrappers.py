@@ -235,6 +235,16 @@ def test_reach_shaped_reward_and_clip_rewards_option():
         rewards.append(t.reward)
         assert t.reward == pytest.approx(-np.linalg.norm(t.observation["observation"][:2] - t.observation["observation"][2:]), abs=1e-6)
     assert rewards[-1] > rewards[0] and rewards[-1] > -0.05  # moving to the target pays
-    clipped = envs.make("reach", seed=0, clip_rewards=True, dim=2)
-    clipped.reset()
-    assert clipped.step(np.zeros(2, np.float32)).reward >= -1.0
+    # Seed 0 starts more than 1 from the target: the raw reward is below -1, the clipped one -1;
+    # seed 1 starts within 1: clipping leaves it as it is.
+    for seed, clipped_reward in ((0, -1.0), (1, None)):
+        raw = envs.make("reach", seed=seed, dim=2)
+        raw.reset()
+        raw_reward = raw.step(np.zeros(2, np.float32)).reward
+        clipped = envs.make("reach", seed=seed, clip_rewards=True, dim=2)
+        clipped.reset()
+        reward = clipped.step(np.zeros(2, np.float32)).reward
+        if clipped_reward is None:
+            assert -1.0 < raw_reward and reward == pytest.approx(raw_reward)
+        else:
+            assert raw_reward < -1.0 and reward == clipped_reward

@@ -18,6 +18,15 @@ def pytest_configure(config):
     )
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same random state (Keras initialisers, NumPy, Python's
+    random), so a test's outcome does not hang on weights drawn differently each run."""
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(0)
+
+
 @pytest.fixture(scope="module")
 def catch_spec():
     """The spec of the built-in ``catch`` env, for trainers driven by :mod:`fake_batches`."""

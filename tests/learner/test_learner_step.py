@@ -231,7 +231,14 @@ def test_a_resumed_constant_learning_rate_is_this_runs_not_the_checkpoints(batch
     assert np.isclose(float(resumed.optimizer.learning_rate.numpy()), 1e-5)
     # A schedule follows the restored step counter and is left alone.
     annealed = _tiny_learner(2, optimizer_config=OptimizerConfig(learning_rate=1e-3, warmup_steps=0, anneal_steps=10))
-    annealed.restore_configured_learning_rate()
+    annealed.train(batches[0])
+    path = tf.train.Checkpoint(**annealed.checkpoint_objects()).save(str(tmp_path / "annealed"))
+    again = _tiny_learner(2, optimizer_config=OptimizerConfig(learning_rate=1e-3, warmup_steps=0, anneal_steps=10))
+    schedule = again.optimizer.learning_rate
+    tf.train.Checkpoint(**again.checkpoint_objects()).restore(path).assert_existing_objects_matched()
+    again.restore_configured_learning_rate()
+    assert again.optimizer.learning_rate is schedule
+    assert int(again.optimizer.iterations.numpy()) == 1  # the restored step the schedule follows
 
 
 def test_bad_batches_and_configs_are_sentences(batches):
