@@ -82,7 +82,7 @@ def test_clip_reward():
     env = wrappers.ClipReward(Scripted([(5.0, 1.0, False), (-3.0, 1.0, False), (0.25, 1.0, True)]))
     assert env.reset().reward is None
     assert [env.step(np.zeros(2)).reward for _ in range(3)] == [1.0, -1.0, 0.25]
-    with pytest.raises(envs.EnvError):
+    with pytest.raises(envs.EnvError, match=r"reward clipping needs minimum < maximum, got \[1.0, -1.0\]\."):
         wrappers.ClipReward(Scripted([]), 1.0, -1.0)
 
 
@@ -102,8 +102,10 @@ def test_discretize_multi_dimensional():
     action = env_spec_from_dm_env(env).action
     assert action.num_values == 5 and action.shape == (2,)
     assert pickle.loads(pickle.dumps(spec)).num_values == 5
-    for bad in (np.array([0, 5]), np.array([0.0, 1.0]), np.array([1, 1, 1])):
-        with pytest.raises(ValueError):
+    for bad, words in ((np.array([0, 5]), r"must hold 2 integer\(s\) in \[0, 5\)"),
+                       (np.array([0.0, 1.0]), "discretised actions must be integers, got dtype float64"),
+                       (np.array([1, 1, 1]), r"must hold 2 integer\(s\) in \[0, 5\)")):
+        with pytest.raises(ValueError, match=words):
             env.step(bad)
 
 
