@@ -244,7 +244,7 @@ class Trainer:
             log.info("%s does not record the training time (an older checkpoint): it counts from 0", latest)
         status = None
         try:
-            status = checkpoint.restore(latest)
+            status = checkpoint.restore(latest, options=checkpoint_options(config, self.replicator.kind))
             status.assert_existing_objects_matched()
         except (AssertionError, ValueError, IndexError, tf.errors.OpError) as exc:
             if status is not None:  # the sentence below says what failed: no warnings about it at exit
@@ -326,7 +326,8 @@ class Trainer:
             return None
         seconds = self.train_seconds()
         self.step.set_train_seconds(seconds)
-        path = self.manager.save(checkpoint_number=self.learner_step)
+        path = self.manager.save(checkpoint_number=self.learner_step,
+                                 options=checkpoint_options(self.config, self.replicator.kind))
         self._saved_step = self.learner_step
         save_policy(
             os.path.join(self.config.logdir, "policy"),
@@ -731,6 +732,18 @@ def lock_run_dir(logdir: str):
 # What --no-resume moves aside from an earlier run in the run directory, into before-<time>/
 # (its metrics.jsonl is kept beside them as metrics-before-<time>.jsonl: open_metrics_log).
 EARLIER_RUN_PARTS = ("checkpoints", "summaries", "policy", "eval")
+
+
+def checkpoint_options(config: RunConfig, replicator_kind: str):
+    """``tf.train.CheckpointOptions`` for this run's checkpoints: with a remote TPU
+    (``--tpu-address grpc://...`` or a TPU name) the files are read and written by this host
+    (``/job:localhost``), where --logdir is, not by the TPU worker that holds the variables
+    (TensorFlow's default: each variable's host); None (TensorFlow's default) otherwise."""
+    import tensorflow as tf
+
+    if replicator_kind == "tpu" and config.tpu_address not in (None, "", "local"):
+        return tf.train.CheckpointOptions(experimental_io_device="/job:localhost")
+    return None
 
 
 # Settings that name the task: a checkpoint is not resumed on another env (its specs may match,

@@ -167,3 +167,23 @@ def test_a_divergence_the_actors_found_names_a_checkpoint_from_before_it(tmp_pat
     early = diverged_at(9, tmp_path / "early")
     assert "the last checkpoint (ckpt-3) and exported policy are from before it" in early, early
     assert _checkpoints(tmp_path / "late") == _checkpoints(tmp_path / "early") == ["ckpt-1.index", "ckpt-3.index"]
+
+
+def test_a_remote_tpus_checkpoints_are_written_by_this_host(tmp_path):
+    """With --tpu-address the variables live on the TPU worker, which would read and write the
+    files by TensorFlow's default; /job:localhost makes this host do it, where --logdir is.
+    (No TPU here: the options, and that they save and restore on this host.)"""
+    import tensorflow as tf
+
+    from learner.run import checkpoint_options
+
+    remote = checkpoint_options(_config(tmp_path, learner="tpu", tpu_address="grpc://10.0.0.2:8470"), "tpu")
+    assert remote.experimental_io_device == "/job:localhost"
+    assert checkpoint_options(_config(tmp_path, learner="tpu"), "tpu") is None  # a local TPU: its host is this one
+    assert checkpoint_options(_config(tmp_path), "cpu") is None
+    v = tf.Variable(3.0)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(tmp_path / "ckpt"), max_to_keep=1)
+    path = manager.save(checkpoint_number=1, options=remote)
+    v.assign(0.0)
+    tf.train.Checkpoint(v=v).restore(path, options=remote).assert_existing_objects_matched()
+    assert float(v.numpy()) == 3.0
