@@ -143,21 +143,18 @@ class ObservationDict(Wrapper):
         return dict(self._spec)
 
     def _convert(self, timestep: dm_env.TimeStep) -> dm_env.TimeStep:
-        obs = timestep.observation
-        if self._single:
-            out = {"observation": self._as_spec("observation", obs)}
-        else:
-            if not (type(obs) is dict or isinstance(obs, Mapping)) or len(obs) != len(self._exact):
-                keys = sorted(map(str, obs)) if isinstance(obs, Mapping) else type(obs).__name__
-                raise EnvError(f"the env returned observation {keys}; its spec has {sorted(self._spec)}.")
-            out = {}
-            exact = self._exact
-            for key, value in obs.items():
-                want = exact.get(key)
-                if want is not None and type(value) is np.ndarray and value.dtype is want[0] and value.shape == want[1]:
-                    out[key] = value  # the usual case, at a step's rate
-                else:
-                    out[str(key)] = self._as_spec(str(key), value)
+        obs = {"observation": timestep.observation} if self._single else timestep.observation
+        if not (type(obs) is dict or isinstance(obs, Mapping)) or len(obs) != len(self._exact):
+            keys = sorted(map(str, obs)) if isinstance(obs, Mapping) else type(obs).__name__
+            raise EnvError(f"the env returned observation {keys}; its spec has {sorted(self._spec)}.")
+        out = {}
+        exact = self._exact
+        for key, value in obs.items():
+            want = exact.get(key)
+            if want is not None and type(value) is np.ndarray and value.dtype is want[0] and value.shape == want[1]:
+                out[key] = value  # the usual case, at a step's rate
+            else:
+                out[str(key)] = self._as_spec(str(key), value)
         return timestep._replace(observation=out)
 
     def _as_spec(self, key: str, value: Any) -> np.ndarray:

@@ -237,16 +237,14 @@ def main(argv=None) -> int:
         # A first plan for the probes; its memory is checked once the process count is chosen.
         plan = plan_actors(config.actors, config.env, config.env_kwargs, config.actor_processes, check_memory=False)
         # Sized by cost only when the learner computes on these cores (a GPU or TPU learner's
-        # threads only feed it).
-        by_cost = args.learner_threads == "auto" and config.learner in ("cpu", "auto")
+        # threads only feed it; auto is resolved above).
+        by_cost = args.learner_threads == "auto" and config.learner == "cpu"
         wanted = None if not by_cost else {
             "network": dict(config.network), "frame_stack": config.frame_stack, "batch": max(plan.envs_per_process)}
         env_spec, costs = probe_env(config.env, config.env_kwargs, costs=wanted)
         if by_cost:
             time_learner(config, env_spec, costs)
-        # Only a CPU learner surely computes on these cores ('auto' may find an accelerator).
-        processes, processes_why = choose_actor_processes(config, cores, costs, plan.processes,
-                                                          by_cost and config.learner == "cpu")
+        processes, processes_why = choose_actor_processes(config, cores, costs, plan.processes, by_cost)
         plan = plan_actors(config.actors, config.env, config.env_kwargs, processes)
     except (ValueError, PlanError) as exc:
         parser.error(str(exc))

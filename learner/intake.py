@@ -312,15 +312,18 @@ class ProcessIntake:
     def _recv_start(self) -> Dict[str, Any]:
         conn = self._chan.conn
         deadline = time.monotonic() + self._start_timeout
+        closed = False
         while time.monotonic() < deadline:
             if conn.poll(0.2):
                 try:
                     return self._chan.recv()
                 except (EOFError, OSError):
+                    closed = True
                     break
             if self._proc.poll() is not None:
                 break
-        code = self._exit_status()  # a child that closed its end is exiting: its status says why, not a timeout
+        # A child that closed its end is exiting: its status says why, not a timeout.
+        code = self._exit_status() if closed else self._proc.poll()
         if code is None:
             self._proc.kill()
             return {"type": "error", "message": f"the learner's intake process did not start serving within "

@@ -78,6 +78,7 @@ class Trainer:
             config.learner, num_replicas=config.replicas, tpu=config.tpu_address
         )
         self.step = make_learner_step(config, env_spec, self.replicator)
+        self._checkpoint_options = checkpoint_options(config, self.replicator.kind)  # every save and restore
         if config.learner_precision != "float32":
             log.info("the learner's network computes in %s (mixed precision: variables, gradients and the "
                      "actors' parameters stay float32)", self.step.network.compute_dtype.name)
@@ -244,7 +245,7 @@ class Trainer:
             log.info("%s does not record the training time (an older checkpoint): it counts from 0", latest)
         status = None
         try:
-            status = checkpoint.restore(latest, options=checkpoint_options(config, self.replicator.kind))
+            status = checkpoint.restore(latest, options=self._checkpoint_options)
             status.assert_existing_objects_matched()
         except (AssertionError, ValueError, IndexError, tf.errors.OpError) as exc:
             if status is not None:  # the sentence below says what failed: no warnings about it at exit
@@ -326,8 +327,7 @@ class Trainer:
             return None
         seconds = self.train_seconds()
         self.step.set_train_seconds(seconds)
-        path = self.manager.save(checkpoint_number=self.learner_step,
-                                 options=checkpoint_options(self.config, self.replicator.kind))
+        path = self.manager.save(checkpoint_number=self.learner_step, options=self._checkpoint_options)
         self._saved_step = self.learner_step
         save_policy(
             os.path.join(self.config.logdir, "policy"),
@@ -934,7 +934,6 @@ def main(argv=None) -> int:
     print(f"learner listening on {trainer.server.address}", flush=True)
     from learner.intake import IntakeError
 
-    return_code = 0
     try:
         trainer.train(stop)
         return_code = 1 if trainer.diverged else 0

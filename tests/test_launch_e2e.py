@@ -16,16 +16,22 @@ ENV = dict(os.environ, MUJOCO_GL="egl", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFER
 CATCH = ["--env", "catch", "--batch-size", "16", "--unroll-length", "10", "--log-interval", "1"]
 
 
-def launch(*args, timeout=600):
+def launch(*args, timeout=600, env=ENV):
     return subprocess.run(
-        [sys.executable, "-m", "impala_rep.launch", *args], capture_output=True, text=True, timeout=timeout, env=ENV
+        [sys.executable, "-m", "impala_rep.launch", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
-def evaluate(*args, timeout=300):
+def evaluate(*args, timeout=300, env=ENV):
     return subprocess.run(
-        [sys.executable, "-m", "impala_rep.evaluate", *args], capture_output=True, text=True, timeout=timeout, env=ENV
+        [sys.executable, "-m", "impala_rep.evaluate", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
+
+
+def run_config(logdir):
+    """The run's config.json."""
+    with open(os.path.join(logdir, "config.json")) as f:
+        return json.load(f)
 
 
 def metrics(logdir):
@@ -51,8 +57,7 @@ def test_catch_is_learned_then_evaluated_then_resumed(tmp_path):
     # A uniformly random catch policy averages about -0.6; learned is close to +1.
     assert records[-1]["episode_return"] > 0.3, records[-1]
     assert records[-1]["agent_steps"] <= 128000 and records[-1]["transport/unrolls_rejected"] == 0
-    with open(os.path.join(logdir, "config.json")) as f:
-        assert json.load(f)["env"] == "catch"
+    assert run_config(logdir)["env"] == "catch"
     assert os.listdir(os.path.join(logdir, "summaries")), "no TensorBoard summaries written"
 
     ev = evaluate(logdir, "--episodes", "20", "--greedy", "--seed", "1")
@@ -108,8 +113,7 @@ def test_each_exported_policy_is_evaluated_during_training(tmp_path):
     for step, _, mean in lines:
         report = json.loads(open(os.path.join(logdir, "eval", f"eval-{step}.json")).read())
         assert report["greedy"] and report["episodes"] == 5 and abs(report["mean_return"] - float(mean)) < 0.05
-    with open(os.path.join(logdir, "config.json")) as f:
-        assert json.load(f)["eval_episodes"] == 5
+    assert run_config(logdir)["eval_episodes"] == 5
 
 
 def test_killed_actor_is_restarted_and_sigterm_leaves_a_loadable_checkpoint(tmp_path):
@@ -194,7 +198,7 @@ def test_replay_trains_on_more_unrolls_than_the_actors_send(tmp_path):
     # all-fresh batch), so the agent steps are 10 x 16 and then 10 x 8 fresh ones per learner step.
     assert 0.4 <= last["replayed_share"] <= 0.5, last
     assert last["agent_steps"] == 160 + 80 * (last["learner_step"] - 1) <= 8000 + 80, last
-    config = json.load(open(os.path.join(logdir, "config.json")))
+    config = run_config(logdir)
     assert config["replay_ratio"] == 0.5 and config["replay_unrolls"] is None
 
 
@@ -210,7 +214,7 @@ def test_param_refresh_lag_sends_actors_a_share_of_the_versions(tmp_path):
     versions = last["learner_step"] + 1
     assert 2 <= last["transport/parameters_sent"] <= 2 * (versions // 5 + 1), last
     assert last["transport/parameter_requests"] > 2 * versions // 2, last  # it still asked at every boundary
-    assert json.load(open(os.path.join(logdir, "config.json")))["param_refresh_lag"] == 5
+    assert run_config(logdir)["param_refresh_lag"] == 5
 
 
 def test_a_plugin_env_with_integer_actions_trains_and_evaluates(tmp_path):
@@ -218,14 +222,11 @@ def test_a_plugin_env_with_integer_actions_trains_and_evaluates(tmp_path):
     logdir = str(tmp_path / "run")
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     env = dict(ENV, PYTHONPATH=os.pathsep.join(p for p in (tests_dir, ENV.get("PYTHONPATH")) if p))
-    proc = subprocess.run(
-        [sys.executable, "-m", "impala_rep.launch", "--env", "plugin_envs:make_integer_action", "--actors", "2",
-         "--batch-size", "4", "--unroll-length", "5", "--total-steps", "400", "--log-interval", "1",
-         "--logdir", logdir], capture_output=True, text=True, timeout=600, env=env)
+    proc = launch("--env", "plugin_envs:make_integer_action", "--actors", "2", "--batch-size", "4", "--unroll-length",
+                  "5", "--total-steps", "400", "--log-interval", "1", "--logdir", logdir, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert metrics(logdir)[-1]["agent_steps"] >= 400
-    ev = subprocess.run([sys.executable, "-m", "impala_rep.evaluate", logdir, "--episodes", "2"],
-                        capture_output=True, text=True, timeout=300, env=env)
+    ev = evaluate(logdir, "--episodes", "2", env=env)
     assert ev.returncode == 0 and "mean return 5.0" in ev.stdout, ev.stdout + ev.stderr[-2000:]
 
 
@@ -236,7 +237,7 @@ def test_max_actor_streams_refuses_the_actor_processes_beyond_it(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = metrics(logdir)[-1]
     assert last["transport/streams_refused"] >= 1, last  # the second process waited for a stream
-    assert json.load(open(os.path.join(logdir, "config.json")))["max_actor_streams"] == 1
+    assert run_config(logdir)["max_actor_streams"] == 1
 
 
 def test_a_time_budget_ends_the_run_and_the_learning_rate_anneals_over_it(tmp_path):
@@ -257,7 +258,7 @@ def test_a_time_budget_ends_the_run_and_the_learning_rate_anneals_over_it(tmp_pa
     assert records[-1]["loss/learning_rate"] < 0.5 * lr, records[-1]
     policy = json.load(open(os.path.join(logdir, "policy", "policy.json")))
     assert budget <= policy["train_seconds"] <= budget + 2.0, policy
-    assert json.load(open(os.path.join(logdir, "config.json")))["time_budget_s"] == budget
+    assert run_config(logdir)["time_budget_s"] == budget
 
 
 def test_bfloat16_learner_trains_and_exports_a_float32_policy(tmp_path):
@@ -270,8 +271,7 @@ def test_bfloat16_learner_trains_and_exports_a_float32_policy(tmp_path):
                   "--logdir", logdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the learner's network computes in bfloat16" in proc.stderr, proc.stderr[-3000:]
-    with open(os.path.join(logdir, "config.json")) as f:
-        assert json.load(f)["learner_precision"] == "bfloat16"
+    assert run_config(logdir)["learner_precision"] == "bfloat16"
     records = metrics(logdir)
     assert records and all(np.isfinite(r["loss/loss"]) for r in records), records[-1:]
     assert json.load(open(os.path.join(logdir, "policy", "policy.json")))["agent_steps"] == 8000
