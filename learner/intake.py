@@ -173,7 +173,7 @@ class ProcessIntake:
     module docstring). Offers the learner what the in-process parts do: :meth:`start` and
     :attr:`address`, :meth:`next_batch`, :meth:`submit`/:meth:`flush`/:attr:`failed` (as
     :class:`learner.params.BackgroundPublisher`), :attr:`version`, :meth:`snapshot_metrics`,
-    :meth:`close` and :meth:`stop`.
+    :meth:`finish`, :meth:`close` and :meth:`stop`.
 
     Args:
       unroll_spec, unroll_length, frame_stack: as :class:`learner.server.LearnerServer`.
@@ -330,6 +330,17 @@ class ProcessIntake:
                                                 f"{self._start_timeout:.0f} s; see the log above for why."}
         return {"type": "error", "message": f"the learner's intake process exited with status {code} while "
                                             "starting; see the log above for why."}
+
+    def finish(self) -> None:
+        """Tells the actors that the run is over, without waiting (as
+        :meth:`LearnerServer.finish` with no drain): the child answers their calls ``OUT_OF_RANGE``
+        from now on, while it keeps running until :meth:`stop`. Raises nothing: a child that is
+        gone tells no one."""
+        if self._chan is not None and not self._stopped and self._error is None:
+            try:
+                self._chan.send(type="finish")
+            except (OSError, ValueError):
+                pass
 
     def stop(self, grace: Optional[float] = 1.0) -> None:
         """Stops the child (its server first, in-flight calls get ``grace`` seconds) and frees
@@ -656,6 +667,8 @@ def _serve(chan: _Channel, memory_fd: int) -> int:
                     chan.send(type="not_finite", slot=slot, version=version)
             elif kind == "metrics":
                 chan.send(type="metrics", values={k: float(v) for k, v in server.snapshot_metrics().items()})
+            elif kind == "finish":
+                server.finish(drain=0.0)
             elif kind == "stop":
                 grace, told_to_stop = msg.get("grace", 1.0), True
                 break

@@ -376,6 +376,7 @@ class Trainer:
         none after a divergence), then waits for their evaluation. The checkpoint comes first:
         a process killed while an evaluation runs (a container's stop deadline, a second
         Ctrl-C) has already saved everything."""
+        self._announce_run_over()
         try:
             if save and self.diverged is None:
                 if self._saved_step != self.learner_step:
@@ -388,6 +389,15 @@ class Trainer:
                             self._report_eval(self.evaluator.wait(self.FINAL_EVAL_TIMEOUT_S))
         finally:
             self._release()
+
+    def _announce_run_over(self) -> None:
+        """Tells the actors that the run is over before the final save and evaluation, which
+        take seconds to minutes: an actor whose next call comes later than the server's drain
+        at stop (a slow env, a long unroll) hears it now instead of retrying a learner that is
+        gone. Not for a learner that never served (a failed start)."""
+        server = getattr(self, "server", None)
+        if server is not None and server.port is not None:
+            server.finish(**({"drain": 0.0} if self.intake == "thread" else {}))
 
     def _release(self) -> None:
         """Closes what the trainer opened, the run directory's lock last; also after a start

@@ -6,6 +6,7 @@ budget is already spent."""
 import json
 import logging
 import os
+import time
 
 import numpy as np
 import pytest
@@ -187,3 +188,35 @@ def test_a_remote_tpus_checkpoints_are_written_by_this_host(tmp_path):
     v.assign(0.0)
     tf.train.Checkpoint(v=v).restore(path, options=remote).assert_existing_objects_matched()
     assert float(v.numpy()) == 3.0
+
+
+@pytest.mark.parametrize("intake", ["thread", "process"])
+def test_the_actors_hear_that_the_run_is_over_before_the_final_save(tmp_path, catch_spec, intake):
+    # An actor whose next call comes after the server's short drain at stop (a slow env) would
+    # otherwise retry a learner that is gone until it gives up.
+    from actors.client import LearnerClient, LearnerFinishedError
+
+    trainer = _trainer(tmp_path, catch_spec, total_steps=2 * STEP_AGENT_STEPS, intake=intake)
+    client = LearnerClient(trainer.server.address, give_up_after_s=30)
+    heard = []
+    save = trainer.save
+
+    def save_after_asking():
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not heard:  # the process intake hears it a message later
+            try:
+                client.get_parameters()
+                time.sleep(0.05)
+            except LearnerFinishedError:
+                heard.append(True)
+        return save()
+
+    try:
+        client.connect()
+        client.get_parameters()  # served while training
+        trainer.train()
+        trainer.save = save_after_asking
+    finally:
+        trainer.close()
+        client.close(drain=False, timeout=2)
+    assert heard == [True] and _checkpoints(tmp_path) == ["ckpt-2.index"]
