@@ -221,6 +221,18 @@ class RunConfig:
     def unrolls_per_batch(self) -> int:
         return self.batch_size
 
+    @property
+    def queue_capacity(self) -> int:
+        """Unrolls the learner's queue holds: ``queue_unrolls``, by default two batches."""
+        return self.queue_unrolls or 2 * self.batch_size
+
+    @property
+    def replay_capacity(self) -> int:
+        """Unrolls the replay buffer keeps: ``replay_unrolls``, by default 8 batches; 0 without replay."""
+        if not replayed_per_batch(self.batch_size, self.replay_ratio):
+            return 0
+        return self.replay_unrolls or 8 * self.batch_size
+
     def to_json(self, include_secrets: bool = False) -> Dict[str, Any]:
         """The config as JSON-safe values: an interval of ``inf`` (never) is ``None``."""
         data = dataclasses.asdict(self)

@@ -217,7 +217,7 @@ def resolve_auto_learner(config, list_devices=None):
 
 
 def main(argv=None) -> int:
-    from impala_rep.plan import PlanError, available_cores, plan_actors
+    from impala_rep.plan import PlanError, available_cores, plan_actors, unroll_memory
     from impala_rep.probe import probe_env
     from learner.run import configure_logging, configure_threads
 
@@ -245,7 +245,8 @@ def main(argv=None) -> int:
         if by_cost:
             time_learner(config, env_spec, costs)
         processes, processes_why = choose_actor_processes(config, cores, costs, plan.processes, by_cost)
-        plan = plan_actors(config.actors, config.env, config.env_kwargs, processes)
+        unrolls = unroll_memory(config, env_spec)
+        plan = plan_actors(config.actors, config.env, config.env_kwargs, processes, unrolls=unrolls)
     except (ValueError, PlanError) as exc:
         parser.error(str(exc))
     except KeyboardInterrupt:  # Ctrl-C while probing: nothing has started yet
@@ -265,7 +266,7 @@ def main(argv=None) -> int:
     filled, filled_why = fill_actor_processes(config, cores, plan.processes, processes_why, filling)
     if filled != plan.processes:
         try:
-            plan = plan_actors(config.actors, config.env, config.env_kwargs, filled)
+            plan = plan_actors(config.actors, config.env, config.env_kwargs, filled, unrolls=unrolls)
             log.info("plan: %s (%s)", plan.describe(), filled_why)  # supersedes the first (scripts read the last)
         except PlanError as exc:  # more processes than memory allows: keep the plan that fits
             log.warning("keeping %d actor process(es): %s", plan.processes, exc)

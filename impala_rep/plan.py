@@ -7,7 +7,10 @@ either render preset while the envs share their rendering contexts (``envs.rende
 the default; measured with 17 walker-walk envs in one process), and with contexts of their
 own (``share_context=false``) about 45 MB with ``fast`` and about 80 MB with ``standard``
 (MuJoCo's offscreen buffers: the 2048-texel shadow map and multisampling); a TensorFlow
-learner is about 1.2 GB.
+learner is about 1.2 GB. The unrolls (:class:`UnrollMemory`) come on top, counted from
+their sizes: the run's observations and buffer lengths. For the benchmark's cartpole run (32
+envs in 2 processes, 84x84 pixels, batches of 32) that gives 2.3 GiB in all, where the
+launcher's processes peaked at 2.2 GiB together (forty-third session).
 Batched inference amortises per-call cost, so fewer processes hosting many envs each beat
 many single-env processes; more processes than cores only adds switching.
 """
@@ -19,7 +22,7 @@ import math
 import os
 from typing import List, Optional
 
-__all__ = ["ActorPlan", "plan_actors", "split_envs", "available_memory_mb", "available_cores", "PlanError", "ACTOR_THREAD_ENV",
+__all__ = ["ActorPlan", "UnrollMemory", "unroll_memory", "check_learner_memory", "plan_actors", "split_envs", "available_memory_mb", "available_cores", "PlanError", "ACTOR_THREAD_ENV",
            "actor_process_env"]
 
 # Set in every actor process (and in the env probe, which times the actors' work, and the
@@ -44,6 +47,63 @@ PROCESS_BASE_MB = 210
 LEARNER_MB = 1200
 ENV_MB = {"dmc-shared": 15, "dmc-fast": 45, "dmc-standard": 80, "small": 2}
 MEMORY_HEADROOM = 0.85  # plan to use at most this share of the memory available
+
+
+@dataclasses.dataclass(frozen=True)
+class UnrollMemory:
+    """What a run's unrolls take in memory, which grows with the observation size and the
+    buffers' lengths (:data:`LEARNER_MB` and :data:`ENV_MB` do not). ``unroll_bytes``: one unroll
+    as it travels; ``learner_unrolls``: how many the learner holds at most, apart from the actors'
+    streams (its queue, its replay buffer, and the batches being filled, handed over and trained
+    on); ``per_stream``: the unrolls of one message, which an actor process holds while sending
+    and the learner's handler for its stream while the queue is full; ``input_bytes``: the
+    learner step's float input, frames stacked (a batch of observations, 4 bytes an element)."""
+
+    unroll_bytes: int
+    learner_unrolls: int
+    per_stream: int
+    input_bytes: int = 0
+
+    def mb(self, actors: int, processes: int) -> int:
+        """MiB for ``actors`` envs in ``processes`` processes: each env builds one unroll."""
+        unrolls = self.learner_unrolls + 2 * processes * self.per_stream + actors
+        return math.ceil((unrolls * self.unroll_bytes + self.input_bytes) / 2**20)
+
+
+def _buffers_hint(held_mb: float, unrolls: UnrollMemory) -> str:
+    return (f"the learner's buffers alone hold about {held_mb / 1024:.1f} GiB of "
+            f"{unrolls.unroll_bytes / 2**20:.2f}-MB unrolls: use a smaller --replay-unrolls, "
+            "--queue-unrolls, --batch-size or --unroll-length, or smaller observations")
+
+
+def check_learner_memory(unrolls: UnrollMemory, memory_mb: Optional[int] = None) -> None:
+    """Raises :class:`PlanError` when a learner alone on this host (``learner.run``; its actors
+    elsewhere) cannot hold its buffers: the learner's share of :func:`plan_actors`'s check."""
+    memory_mb = available_memory_mb() if memory_mb is None else memory_mb
+    held = unrolls.mb(actors=0, processes=0)
+    if LEARNER_MB + held > int(memory_mb * MEMORY_HEADROOM):
+        raise PlanError(
+            f"the learner needs about {(LEARNER_MB + held) / 1024:.1f} GiB ({LEARNER_MB} MB, and {held} MB for its "
+            f"buffers), but only {memory_mb / 1024:.1f} GiB is available: {_buffers_hint(held, unrolls)}."
+        )
+
+
+def unroll_memory(config, env_spec) -> UnrollMemory:
+    """The :class:`UnrollMemory` of ``config`` (a :class:`impala_rep.config.RunConfig`) on an
+    env of ``env_spec`` (:class:`impala_rep.specs.EnvSpec`)."""
+    from impala_rep.config import frame_stack_keys
+    from impala_rep.specs import unroll_spec
+
+    stacks = frame_stack_keys(env_spec.observations, config.frame_stack)
+    spec = unroll_spec(env_spec, config.unroll_length, stacks)
+    steps = config.unroll_length + 1
+    frames = sum(math.prod(obs.shape) * stacks.get(key, 1) for key, obs in env_spec.observations.items())
+    return UnrollMemory(
+        unroll_bytes=sum(s.nbytes for s in spec.values()),
+        learner_unrolls=config.queue_capacity + config.replay_capacity + 4 * config.batch_size,
+        per_stream=config.unrolls_per_message,
+        input_bytes=steps * config.batch_size * frames * 4,
+    )
 
 
 class PlanError(ValueError):
@@ -203,9 +263,11 @@ def plan_actors(
     cores: Optional[int] = None,
     memory_mb: Optional[int] = None,
     check_memory: bool = True,
+    unrolls: Optional[UnrollMemory] = None,
 ) -> ActorPlan:
     """Splits ``actors`` envs over processes; raises :class:`PlanError` if it cannot fit
-    (``check_memory=False``: a first plan whose process count may still change)."""
+    (``check_memory=False``: a first plan whose process count may still change). ``unrolls``:
+    what the run's unrolls take (:func:`unroll_memory`), counted on top when given."""
     if actors < 1:
         raise PlanError(f"--actors must be at least 1, got {actors}.")
     cores = available_cores() if cores is None else cores
@@ -216,12 +278,18 @@ def plan_actors(
         raise PlanError(f"--actor-processes {processes} exceeds --actors {actors}; each process hosts at least one env.")
     envs = split_envs(actors, processes)
     per_env = ENV_MB[env_memory_kind(env_id, env_kwargs or {})]
-    estimate = LEARNER_MB + processes * PROCESS_BASE_MB + actors * per_env
+    buffers = unrolls.mb(actors, processes) if unrolls is not None else 0
+    estimate = LEARNER_MB + processes * PROCESS_BASE_MB + actors * per_env + buffers
     budget = int(memory_mb * MEMORY_HEADROOM)
     if check_memory and estimate > budget:
-        fit = max(0, (budget - LEARNER_MB - processes * PROCESS_BASE_MB) // per_env)
-        in_one = max(0, (budget - LEARNER_MB - PROCESS_BASE_MB) // per_env)  # every env in one process
-        if fit >= processes:
+        # The envs' share of the unrolls, per env, to size the hints by.
+        env_unroll_mb = 0 if unrolls is None else unrolls.unroll_bytes / 2**20
+        held = buffers - actors * env_unroll_mb  # what does not shrink with fewer envs
+        fit = max(0, int((budget - LEARNER_MB - processes * PROCESS_BASE_MB - held) // (per_env + env_unroll_mb)))
+        in_one = max(0, int((budget - LEARNER_MB - PROCESS_BASE_MB - held) // (per_env + env_unroll_mb)))
+        if unrolls is not None and LEARNER_MB + processes * PROCESS_BASE_MB + held > budget:
+            hint = _buffers_hint(held, unrolls)
+        elif fit >= processes:
             hint = f"use --actors {fit} or fewer"
         elif in_one >= 1:
             hint = f"use fewer actor processes: --actor-processes 1 fits --actors {in_one} or fewer"
@@ -229,7 +297,9 @@ def plan_actors(
             hint = "free memory or use a machine with more"
         raise PlanError(
             f"{actors} actors of {env_id} need about {estimate / 1024:.1f} GiB "
-            f"({per_env} MB per env, {PROCESS_BASE_MB} MB per process, {LEARNER_MB} MB for the learner), "
+            f"({per_env} MB per env, {PROCESS_BASE_MB} MB per process, {LEARNER_MB} MB for the learner"
+            + (f", {buffers} MB for the unrolls in flight and the learner's buffers" if unrolls is not None else "")
+            + "), "
             f"but only {memory_mb / 1024:.1f} GiB is available: {hint}."
         )
     return ActorPlan(processes=processes, envs_per_process=envs, estimated_mb=estimate, available_mb=memory_mb)

@@ -94,7 +94,7 @@ class Trainer:
                 f"internal mismatch between the learner step's batch spec and the transport's: "
                 f"{sorted(expected ^ produced)}."
             )
-        self._queue_capacity = config.queue_unrolls or 2 * config.batch_size
+        self._queue_capacity = config.queue_capacity
         if self._queue_capacity < config.batch_size:
             raise ValueError(
                 f"--queue-unrolls {self._queue_capacity} is smaller than --batch-size {config.batch_size}; "
@@ -187,7 +187,7 @@ class Trainer:
                 queue_capacity=self._queue_capacity,
                 initial_params=(self.learner_step + 1, self.step.get_params()[1]),
                 frame_stack=self.frame_stack, replay_ratio=config.replay_ratio,
-                replay_capacity=config.replay_unrolls, seed=config.seed, server_options=server_options)
+                replay_capacity=config.replay_capacity or None, seed=config.seed, server_options=server_options)
         else:
             self.queue = UnrollQueue(capacity=self._queue_capacity)
             self.params = ParameterStore()
@@ -199,7 +199,7 @@ class Trainer:
                 frame_stack=self.frame_stack, **server_options)
             self.batcher = PrefetchingBatcher(Batcher(
                 self.queue, self.unroll_spec, config.batch_size, self.frame_stack,
-                replay_ratio=config.replay_ratio, replay_capacity=config.replay_unrolls, seed=config.seed))
+                replay_ratio=config.replay_ratio, replay_capacity=config.replay_capacity or None, seed=config.seed))
         self.action_repeat = env_action_repeat(config)
         self._returns: collections.deque = collections.deque(maxlen=100)
         self._writer = tf.summary.create_file_writer(os.path.join(config.logdir, "summaries"))
@@ -923,7 +923,9 @@ def main(argv=None) -> int:
         for note in ignored_flags(config):
             log.warning("%s", note)
         env_spec = probe_env_spec(config.env, config.env_kwargs)
-    except ValueError as exc:
+        from impala_rep.plan import check_learner_memory, unroll_memory
+        check_learner_memory(unroll_memory(config, env_spec))
+    except ValueError as exc:  # PlanError too
         parser.error(str(exc))
     if config.learner == "cpu":
         # Alone on its host, a CPU learner computes on every core, in replicas side by side as

@@ -8,7 +8,8 @@ import pytest
 
 from actors.supervisor import ActorSupervisor
 from impala_rep.config import ConfigError, RunConfig, actor_view
-from impala_rep.plan import PlanError, plan_actors, split_envs
+from impala_rep.plan import PlanError, plan_actors, split_envs, unroll_memory
+from impala_rep.specs import ArraySpec, EnvSpec
 
 
 def test_run_config_round_trips_and_hides_the_token():
@@ -72,6 +73,42 @@ def test_plan_counts_less_memory_per_env_when_rendering_contexts_are_shared():
     assert shared.estimated_mb < own.estimated_mb < standard.estimated_mb
     state = plan_actors(64, "dmc/walker-walk", {"observation": "state"}, cores=2, memory_mb=24 * 1024)
     assert state.estimated_mb < shared.estimated_mb
+
+
+def _pixels_spec(size):
+    return EnvSpec(observations={"pixels": ArraySpec("pixels", (size, size, 3), "uint8")},
+                   action=ArraySpec("action", (1,), "float32", minimum=-1.0, maximum=1.0))
+
+
+PIXELS_84 = _pixels_spec(84)
+
+
+def test_plan_counts_the_unrolls_by_their_observations_and_the_buffers_lengths():
+    config = RunConfig(env="dmc/cartpole-swingup", actors=32)
+    small, large = unroll_memory(config, PIXELS_84), unroll_memory(config, _pixels_spec(168))
+    # one unroll: 21 steps and 2 stacked frames before them, of 84x84x3 bytes, and the per-step scalars
+    assert 23 * 84 * 84 * 3 < small.unroll_bytes < 23 * 84 * 84 * 3 + 21 * 32
+    assert large.unroll_bytes > 3.9 * small.unroll_bytes
+    assert small.learner_unrolls == 2 * 32 + 4 * 32 and small.per_stream == 8  # queue, batches; a message
+    replay = unroll_memory(RunConfig(env="dmc/cartpole-swingup", actors=32, replay_ratio=0.5), PIXELS_84)
+    assert replay.learner_unrolls == small.learner_unrolls + 8 * 32  # the replay buffer's default 8 batches
+    plans = [plan_actors(32, config.env, {}, processes=2, cores=2, memory_mb=24 * 1024, unrolls=u)
+             for u in (None, small, large)]
+    assert plans[0].estimated_mb < plans[1].estimated_mb < plans[2].estimated_mb
+    assert plans[2].estimated_mb - plans[0].estimated_mb > 3.9 * (plans[1].estimated_mb - plans[0].estimated_mb) > 0
+
+
+def test_plan_refuses_a_replay_buffer_larger_than_the_memory_and_names_the_flags():
+    huge = unroll_memory(RunConfig(env="dmc/cartpole-swingup", actors=32, replay_ratio=0.5,
+                                   replay_unrolls=100_000), PIXELS_84)
+    with pytest.raises(PlanError, match=r"the learner's buffers alone hold about \d+\.\d GiB of 0\.46-MB unrolls: "
+                                        r"use a smaller --replay-unrolls"):
+        plan_actors(32, "dmc/cartpole-swingup", {}, processes=2, cores=2, memory_mb=24 * 1024, unrolls=huge)
+    # a buffer that fits beside fewer envs says how many
+    tight = unroll_memory(RunConfig(env="dmc/cartpole-swingup", actors=32, replay_ratio=0.5,
+                                    replay_unrolls=2_000), PIXELS_84)
+    with pytest.raises(PlanError, match=r"use --actors \d+ or fewer"):
+        plan_actors(256, "dmc/cartpole-swingup", {}, processes=2, cores=2, memory_mb=4 * 1024, unrolls=tight)
 
 
 def test_plan_refuses_what_cannot_fit_and_says_what_would():
@@ -532,7 +569,7 @@ def _stub_launcher(monkeypatch, learner_seconds: float) -> list:
     from impala_rep import launch, plan, probe
 
     def probe_env(env_id, env_kwargs, costs=None):
-        return "spec", {"env": {"seconds_per_step": 0.0}, "policy": {"seconds_per_step": 1.4e-4}}
+        return PIXELS_84, {"env": {"seconds_per_step": 0.0}, "policy": {"seconds_per_step": 1.4e-4}}
 
     started = []
     monkeypatch.setattr(plan, "available_cores", lambda: 2)
@@ -559,6 +596,18 @@ def test_launcher_starts_the_actor_processes_the_costs_ask_for(monkeypatch, capl
     with caplog.at_level("INFO", logger="impala_rep.launch"):
         assert launch.main(["--env", "catch", "--actors", "32", "--learner", "cpu", "--actor-processes", "2"]) == 2
     assert "plan: 32 actors in 2 process(es) (16 envs each)" in caplog.text and "(--actor-processes)" in caplog.text
+
+
+def test_launcher_refuses_a_replay_buffer_the_memory_cannot_hold(monkeypatch, capsys):
+    from impala_rep import launch
+
+    started = _stub_launcher(monkeypatch, 1.5e-4)
+    with pytest.raises(SystemExit) as exit_:
+        launch.main(["--env", "catch", "--actors", "32", "--learner", "cpu", "--replay-ratio", "0.5",
+                     "--replay-unrolls", "1000000"])
+    assert exit_.value.code == 2 and started == []
+    err = capsys.readouterr().err
+    assert "the learner's buffers alone hold about" in err and "use a smaller --replay-unrolls" in err, err
 
 
 def test_fill_actor_processes_gives_niced_actors_a_process_per_core():

@@ -190,3 +190,16 @@ def test_the_short_launch_of_a_first_run_records_its_steps(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"step 100 \| agent steps 2000 \|", proc.stderr), proc.stderr[-3000:]
     assert [(r["learner_step"], r["agent_steps"]) for r in _records(logdir)] == [(100, 2000)]
+
+
+def test_the_learner_alone_refuses_buffers_this_host_cannot_hold(tmp_path, monkeypatch, capsys):
+    # learner.run has no actors to plan, but its queue and replay buffer are its own to fit.
+    monkeypatch.setattr(learner.run, "configure_logging", lambda: None)
+    started = []
+    monkeypatch.setattr(learner.run, "start_trainer", lambda config, spec: (started.append(config), (None, None))[1])
+    with pytest.raises(SystemExit) as exit_:
+        learner.run.main(["--env", "catch", "--logdir", str(tmp_path), "--replay-ratio", "0.5",
+                          "--replay-unrolls", "100000000"])
+    assert exit_.value.code == 2 and started == []
+    err = capsys.readouterr().err
+    assert "the learner needs about" in err and "use a smaller --replay-unrolls" in err, err
