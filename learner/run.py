@@ -33,7 +33,7 @@ import numpy as np
 from impala_rep.config import RunConfig, actor_view, frame_stack_keys
 from impala_rep.flags import check_logdir, configure_logging as configure_base_logging
 from impala_rep.specs import ArraySpec, EnvSpec, stacked_observation_specs, unroll_spec
-from learner.summaries import ScalarWriter
+from learner.summaries import ScalarWriter, trim_events_after
 
 if TYPE_CHECKING:
     from learner.evaluator import EvalResult
@@ -152,6 +152,15 @@ class Trainer:
                     "--no-resume to start over.", config.logdir, int(self.agent_steps.numpy()), self.train_seconds(),
                     config.total_steps, f", --time-budget {config.time_budget_s:.0f} s" if config.time_budget_s else "",
                     " or --time-budget" if config.time_budget_s else "")
+        if self.restored_from:
+            # Summaries the earlier run wrote after this checkpoint describe training that is
+            # lost; the resumed run writes its own at those steps.
+            summaries = os.path.join(config.logdir, "summaries")
+            aside = os.path.join(config.logdir, f"after-checkpoint-{stamp}", "summaries")
+            trimmed = trim_events_after(summaries, int(self.agent_steps.numpy()), aside)
+            if trimmed:
+                log.info("the earlier run's summaries after the checkpoint's %d agent steps are moved to %s",
+                         int(self.agent_steps.numpy()), os.path.dirname(aside))
         # The learner step of the newest checkpoint: close() writes none again at the same step
         # (a run stopped before training, or one resumed with its budget spent).
         self._saved_step: Optional[int] = self.learner_step if self.restored_from else None

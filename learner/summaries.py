@@ -11,11 +11,16 @@ TensorFlow is imported lazily: importing this module configures nothing.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Tuple
+import glob
+import logging
+import os
+from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 import numpy as np
 
-__all__ = ["ScalarWriter"]
+__all__ = ["ScalarWriter", "trim_events_after"]
+
+log = logging.getLogger("impala_rep.learner")
 
 
 class ScalarWriter:
@@ -73,3 +78,52 @@ class ScalarWriter:
                     tf.summary.scalar(name, vector[i])
 
         return write
+
+
+def trim_events_after(directory: str, step: int, aside: str) -> List[str]:
+    """Cuts the events after ``step`` out of the event files in ``directory``, for a run
+    resumed from a checkpoint at ``step``.
+
+    A run stopped (or killed) after its last checkpoint wrote summaries of training that the
+    checkpoint does not hold; the resumed run writes its own at the same steps, and
+    TensorBoard's curves would double back over both. Each event file with events after
+    ``step`` is moved into ``aside`` (nothing is deleted) and replaced by a copy of its records
+    up to ``step``, byte for byte. A file that cannot be read to its end (cut short by a kill)
+    keeps what can be read. Returns the names of the files trimmed; a file that cannot be
+    trimmed is left as it was, with a warning.
+    """
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+
+    trimmed = []
+    for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*"))):
+        kept, later = [], False
+        try:
+            for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+                if event_pb2.Event.FromString(record).step > step:
+                    later = True
+                else:
+                    kept.append(record)
+        except (tf.errors.DataLossError, tf.errors.OpError, ValueError) as exc:
+            if not later and not kept:
+                log.warning("cannot read %s (%s); its events are left as they are", path, exc)
+                continue
+            later = True  # what follows the damage is dropped with the events after the checkpoint
+        if not later:
+            continue
+        name, tmp = os.path.basename(path), path + ".trimmed"
+        try:
+            with tf.io.TFRecordWriter(tmp) as writer:
+                for record in kept:
+                    writer.write(record)
+            os.makedirs(aside, exist_ok=True)
+            os.replace(path, os.path.join(aside, name))
+            os.replace(tmp, path)
+        except (OSError, tf.errors.OpError) as exc:
+            log.warning("cannot cut the events after step %d out of %s (%s); TensorBoard will draw them "
+                        "beside the resumed run's", step, path, exc)
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            continue
+        trimmed.append(name)
+    return trimmed

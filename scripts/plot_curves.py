@@ -12,7 +12,9 @@ docs/RESULTS.md on stdout.
 Wall-clock hours count from the run's first record. A run resumed on the same logdir
 appends to its ``metrics.jsonl``; a gap between consecutive records longer than
 ``--max-gap`` seconds (the run was stopped) counts as one typical record interval, so the
-hours are hours of training, not of calendar time.
+hours are hours of training, not of calendar time. Records of training a resume lost (a run
+stopped after its last checkpoint trains those steps again) are not drawn: a record with no
+fewer agent steps than a later one; their time still counts.
 
 Usage::
 
@@ -32,7 +34,7 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-__all__ = ["CurveError", "Run", "load_metrics", "load_evals", "load_run", "training_hours", "markdown_tables", "plot"]
+__all__ = ["CurveError", "Run", "load_metrics", "load_evals", "load_run", "superseded", "training_hours", "markdown_tables", "plot"]
 
 
 class CurveError(ValueError):
@@ -165,13 +167,29 @@ def _action_repeat(records: Sequence[Dict[str, Any]]) -> float:
     return 1.0
 
 
+def superseded(records: Sequence[Dict[str, Any]]) -> List[bool]:
+    """Which records a resume superseded: a run stopped after its last checkpoint and resumed
+    from it trains those agent steps again, so a record with no fewer agent steps than a
+    later one describes training that was lost."""
+    out, fewest = [False] * len(records), math.inf
+    for i in range(len(records) - 1, -1, -1):
+        steps = records[i]["agent_steps"]
+        out[i] = steps >= fewest
+        fewest = min(fewest, steps)
+    return out
+
+
 def load_run(run_dir: str, label: Optional[str] = None, evals: bool = True, max_gap_s: float = 300.0) -> Run:
-    records = load_metrics(run_dir)
+    loaded = load_metrics(run_dir)
+    # The hours count the lost training's time too (it was spent); its records are not drawn.
+    hours = training_hours([r["time"] for r in loaded], max_gap_s)
+    kept = [i for i, lost in enumerate(superseded(loaded)) if not lost]
+    records = [loaded[i] for i in kept]
     run = Run(
         label=label or os.path.basename(os.path.normpath(run_dir)),
         path=run_dir,
         records=records,
-        hours=training_hours([r["time"] for r in records], max_gap_s),
+        hours=[hours[i] for i in kept],
         action_repeat=_action_repeat(records),
         evals=load_evals(run_dir) if evals else [],
     )

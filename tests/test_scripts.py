@@ -651,6 +651,22 @@ def test_plot_writes_a_png_and_prints_the_table(tmp_path, capsys):
     assert "tensorflow" not in sys.modules
 
 
+def test_a_resume_from_an_earlier_checkpoint_drops_the_lost_records_but_counts_their_time(tmp_path):
+    run = _write_run(tmp_path / "r", n=10)  # 640 agent steps a record, 10 s apart
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    # killed after 10 records, resumed from the checkpoint at 6 x 640 steps: records 7 to 10 are lost
+    for i in range(6, 9):
+        lines.append(json.dumps({"time": 1.0e9 + 100.0 + 10.0 * i, "learner_step": i + 1, "agent_steps": 640 * (i + 1),
+                                 "env_frames": 2560 * (i + 1), "episode_return": 1000.0 + i}))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    loaded = curves.load_run(str(run), evals=False)
+    assert [r["agent_steps"] for r in loaded.records] == [640 * k for k in range(1, 7)] + [640 * k for k in (7, 8, 9)]
+    assert [r["episode_return"] for r in loaded.records[-3:]] == [1006.0, 1007.0, 1008.0]  # the resumed run's
+    assert loaded.hours[-1] == pytest.approx((100.0 + 80.0) / 3600)  # the lost 40 s of training count
+    assert curves.superseded([{"agent_steps": s} for s in (1, 2, 3, 2, 3, 4)]) == [False, True, True, False, False,
+                                                                                  False]
+
+
 def test_metrics_half_written_last_line_is_skipped_but_a_corrupt_line_is_an_error(tmp_path):
     run = _write_run(tmp_path / "r", n=5)
     with open(run / "metrics.jsonl", "a") as f:

@@ -220,3 +220,39 @@ def test_the_actors_hear_that_the_run_is_over_before_the_final_save(tmp_path, ca
         trainer.close()
         client.close(drain=False, timeout=2)
     assert heard == [True] and _checkpoints(tmp_path) == ["ckpt-2.index"]
+
+
+def _summary_steps(logdir, tag="agent_steps"):
+    import glob
+
+    import tensorflow as tf
+
+    steps = []
+    for path in sorted(glob.glob(os.path.join(logdir, "summaries", "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            steps += [event.step for v in event.summary.value if v.tag == tag]
+    return steps
+
+
+def test_a_resume_cuts_the_summaries_written_after_its_checkpoint(tmp_path, catch_spec):
+    # ckpt-2, then two steps whose summaries the checkpoint does not hold (the run was killed)
+    first = _trainer(tmp_path, catch_spec, total_steps=2 * STEP_AGENT_STEPS, log_interval_s=1e-6)
+    try:
+        first.train()
+    finally:
+        first.close()
+    lost = _trainer(tmp_path, catch_spec, total_steps=4 * STEP_AGENT_STEPS, log_interval_s=1e-6)
+    try:
+        lost.train()
+    finally:
+        lost.close(save=False)
+    assert _summary_steps(tmp_path) == [20, 40, 60, 80]
+    again = _trainer(tmp_path, catch_spec, total_steps=4 * STEP_AGENT_STEPS, log_interval_s=1e-6)
+    try:
+        assert again.learner_step == 2
+        again.train()
+    finally:
+        again.close()
+    assert _summary_steps(tmp_path) == [20, 40, 60, 80]  # each step once: the lost steps' records are cut
+    aside = [n for n in os.listdir(tmp_path) if n.startswith("after-checkpoint-")]
+    assert len(aside) == 1 and _summary_steps(os.path.join(tmp_path, aside[0])) == [60, 80]  # the lost run's file

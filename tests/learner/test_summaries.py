@@ -77,3 +77,31 @@ def test_tags_match_eager_tf_summary_scalar(tmp_path):
 def test_bad_max_functions():
     with pytest.raises(ValueError, match="max_functions must be 0 or more"):
         ScalarWriter(None, max_functions=-1)
+
+
+def test_trim_events_after_keeps_the_steps_up_to_the_checkpoint_and_sets_the_rest_aside(tmp_path):
+    from learner.summaries import trim_events_after
+
+    kept_before, _ = _write(tmp_path, "run", RECORDS)
+    path, = glob.glob(str(tmp_path / "run" / "events.out.tfevents.*"))
+    name = os.path.basename(path)
+    assert trim_events_after(str(tmp_path / "run"), 1280, str(tmp_path / "aside")) == [name]
+    assert _events(tmp_path / "run") == [e for e in kept_before if e[0] <= 1280]
+    assert _events(tmp_path / "aside") == kept_before  # the whole file, as it was
+    # the file version record is kept, so TensorBoard still reads the trimmed file
+    first = next(tf.compat.v1.train.summary_iterator(path))
+    assert first.file_version.startswith("brain.Event")
+    # nothing after the step: nothing to trim, nothing moved
+    assert trim_events_after(str(tmp_path / "run"), 1280, str(tmp_path / "aside2")) == []
+    assert not os.path.exists(tmp_path / "aside2")
+
+
+def test_trim_events_after_keeps_what_a_file_cut_short_holds(tmp_path):
+    from learner.summaries import trim_events_after
+
+    kept_before, _ = _write(tmp_path, "run", RECORDS)
+    path, = glob.glob(str(tmp_path / "run" / "events.out.tfevents.*"))
+    with open(path, "rb+") as f:  # killed mid-record
+        f.truncate(os.path.getsize(path) - 7)
+    assert trim_events_after(str(tmp_path / "run"), 10**9, str(tmp_path / "aside")) == [os.path.basename(path)]
+    assert _events(tmp_path / "run") == kept_before[:-1]  # the last event (one scalar) was cut
