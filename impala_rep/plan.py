@@ -57,16 +57,24 @@ class UnrollMemory:
     streams (its queue, its replay buffer, and the batches being filled, handed over and trained
     on); ``per_stream``: the unrolls of one message, which an actor process holds while sending
     and the learner's handler for its stream while the queue is full; ``input_bytes``: the
-    learner step's float input, frames stacked (a batch of observations, 4 bytes an element)."""
+    learner step's float input, frames stacked (a batch of observations, 4 bytes an element).
+    The recurrent state and the policy's own action spec, which an unroll also carries, are
+    left out (a few bytes a step beside pixels)."""
 
     unroll_bytes: int
     learner_unrolls: int
     per_stream: int
     input_bytes: int = 0
 
+    # Messages one actor process's stream holds at most: in the actor, the one being built,
+    # its client's outbox (4) and those sent but not yet acknowledged (5, resent after a
+    # reconnect: actors/client.py); in the learner, 2 (learner/queue.py: a queued unroll keeps
+    # its message alive).
+    MESSAGES_PER_STREAM = 1 + 4 + 5 + 2
+
     def mb(self, actors: int, processes: int) -> int:
         """MiB for ``actors`` envs in ``processes`` processes: each env builds one unroll."""
-        unrolls = self.learner_unrolls + 2 * processes * self.per_stream + actors
+        unrolls = self.learner_unrolls + self.MESSAGES_PER_STREAM * processes * self.per_stream + actors
         return math.ceil((unrolls * self.unroll_bytes + self.input_bytes) / 2**20)
 
 
@@ -284,11 +292,12 @@ def plan_actors(
     if check_memory and estimate > budget:
         # The envs' share of the unrolls, per env, to size the hints by.
         env_unroll_mb = 0 if unrolls is None else unrolls.unroll_bytes / 2**20
-        held = buffers - actors * env_unroll_mb  # what does not shrink with fewer envs
+        # What does not shrink with fewer envs: the learner's buffers and the streams' messages.
+        held, held_one = (0, 0) if unrolls is None else (unrolls.mb(0, processes), unrolls.mb(0, 1))
         fit = max(0, int((budget - LEARNER_MB - processes * PROCESS_BASE_MB - held) // (per_env + env_unroll_mb)))
-        in_one = max(0, int((budget - LEARNER_MB - PROCESS_BASE_MB - held) // (per_env + env_unroll_mb)))
-        if unrolls is not None and LEARNER_MB + processes * PROCESS_BASE_MB + held > budget:
-            hint = _buffers_hint(held, unrolls)
+        in_one = max(0, int((budget - LEARNER_MB - PROCESS_BASE_MB - held_one) // (per_env + env_unroll_mb)))
+        if unrolls is not None and LEARNER_MB + PROCESS_BASE_MB + per_env + unrolls.mb(1, 1) > budget:
+            hint = _buffers_hint(unrolls.mb(0, 0), unrolls)  # not one env in one process fits beside them
         elif fit >= processes:
             hint = f"use --actors {fit} or fewer"
         elif in_one >= 1:

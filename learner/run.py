@@ -152,9 +152,9 @@ class Trainer:
                     "--no-resume to start over.", config.logdir, int(self.agent_steps.numpy()), self.train_seconds(),
                     config.total_steps, f", --time-budget {config.time_budget_s:.0f} s" if config.time_budget_s else "",
                     " or --time-budget" if config.time_budget_s else "")
-        if self.restored_from:
-            # Summaries the earlier run wrote after this checkpoint describe training that is
-            # lost; the resumed run writes its own at those steps.
+        if config.resume:
+            # Summaries an earlier run wrote after this checkpoint (or, with none, at all)
+            # describe training that is lost; the resumed run writes its own at those steps.
             summaries = os.path.join(config.logdir, "summaries")
             aside = os.path.join(config.logdir, f"after-checkpoint-{stamp}", "summaries")
             trimmed = trim_events_after(summaries, int(self.agent_steps.numpy()), aside)

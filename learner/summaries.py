@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import shutil
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 import numpy as np
@@ -93,6 +94,7 @@ def trim_events_after(directory: str, step: int, aside: str) -> List[str]:
     trimmed is left as it was, with a warning.
     """
     import tensorflow as tf
+    from google.protobuf.message import DecodeError
     from tensorflow.core.util import event_pb2
 
     trimmed = []
@@ -104,7 +106,7 @@ def trim_events_after(directory: str, step: int, aside: str) -> List[str]:
                     later = True
                 else:
                     kept.append(record)
-        except (tf.errors.DataLossError, tf.errors.OpError, ValueError) as exc:
+        except (tf.errors.OpError, DecodeError, ValueError) as exc:  # DataLossError: cut short
             if not later and not kept:
                 log.warning("cannot read %s (%s); its events are left as they are", path, exc)
                 continue
@@ -112,18 +114,20 @@ def trim_events_after(directory: str, step: int, aside: str) -> List[str]:
         if not later:
             continue
         name, tmp = os.path.basename(path), path + ".trimmed"
+        kept_whole = os.path.join(aside, name)
         try:
             with tf.io.TFRecordWriter(tmp) as writer:
                 for record in kept:
                     writer.write(record)
             os.makedirs(aside, exist_ok=True)
-            os.replace(path, os.path.join(aside, name))
+            shutil.copy2(path, kept_whole)  # the original stays in place until the copy is whole
             os.replace(tmp, path)
         except (OSError, tf.errors.OpError) as exc:
             log.warning("cannot cut the events after step %d out of %s (%s); TensorBoard will draw them "
                         "beside the resumed run's", step, path, exc)
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            for partial in (tmp, kept_whole):
+                if os.path.exists(partial):
+                    os.remove(partial)
             continue
         trimmed.append(name)
     return trimmed

@@ -45,7 +45,7 @@ class CurveError(ValueError):
 class Run:
     label: str
     path: str
-    records: List[Dict[str, Any]]   # every metrics record, in file order
+    records: List[Dict[str, Any]]   # the metrics records in file order, less those a resume superseded
     hours: List[float]              # training hours of each record
     action_repeat: float            # env frames per agent step
     evals: List[Dict[str, Any]]     # eval reports sorted by agent_steps

@@ -111,6 +111,12 @@ def test_plan_refuses_a_replay_buffer_larger_than_the_memory_and_names_the_flags
         plan_actors(256, "dmc/cartpole-swingup", {}, processes=2, cores=2, memory_mb=4 * 1024, unrolls=tight)
 
 
+def test_plan_with_unrolls_still_says_when_the_processes_are_what_does_not_fit():
+    unrolls = unroll_memory(RunConfig(env="dmc/cartpole-swingup", actors=16), PIXELS_84)
+    with pytest.raises(PlanError, match=r"use fewer actor processes: --actor-processes 1 fits --actors \d+ or fewer\."):
+        plan_actors(16, "dmc/cartpole-swingup", {}, processes=16, cores=16, memory_mb=4 * 1024, unrolls=unrolls)
+
+
 def test_plan_refuses_what_cannot_fit_and_says_what_would():
     with pytest.raises(PlanError, match=r"use --actors \d+ or fewer"):
         plan_actors(64, "dmc/cartpole-swingup", {"render": "standard", "share_context": False}, cores=2,
@@ -573,6 +579,7 @@ def _stub_launcher(monkeypatch, learner_seconds: float) -> list:
 
     started = []
     monkeypatch.setattr(plan, "available_cores", lambda: 2)
+    monkeypatch.setattr(plan, "available_memory_mb", lambda: 8 * 1024)
     monkeypatch.setattr(probe, "probe_env", probe_env)
     monkeypatch.setattr(launch, "time_learner",
                         lambda config, spec, c: c.update(learner={"seconds_per_step": learner_seconds}))

@@ -256,3 +256,19 @@ def test_a_resume_cuts_the_summaries_written_after_its_checkpoint(tmp_path, catc
     assert _summary_steps(tmp_path) == [20, 40, 60, 80]  # each step once: the lost steps' records are cut
     aside = [n for n in os.listdir(tmp_path) if n.startswith("after-checkpoint-")]
     assert len(aside) == 1 and _summary_steps(os.path.join(tmp_path, aside[0])) == [60, 80]  # the lost run's file
+
+
+def test_a_resume_without_a_checkpoint_sets_all_the_earlier_summaries_aside(tmp_path, catch_spec):
+    lost = _trainer(tmp_path, catch_spec, total_steps=2 * STEP_AGENT_STEPS, log_interval_s=1e-6)
+    try:
+        lost.train()
+    finally:
+        lost.close(save=False)  # killed before its first checkpoint
+    assert _summary_steps(tmp_path) == [20, 40]
+    again = _trainer(tmp_path, catch_spec, total_steps=1 * STEP_AGENT_STEPS, log_interval_s=1e-6)
+    try:
+        assert again.learner_step == 0
+        again.train()
+    finally:
+        again.close()
+    assert _summary_steps(tmp_path) == [20]
