@@ -234,41 +234,31 @@ def _summary_steps(logdir, tag="agent_steps"):
     return steps
 
 
+def _run_steps(logdir, spec, steps, save=True):
+    """Trains (resuming) to ``steps`` learner steps with a record at each, then closes: with
+    ``save=False`` as if killed (no checkpoint of the last steps). Returns the learner step
+    the run resumed at."""
+    trainer = _trainer(logdir, spec, total_steps=steps * STEP_AGENT_STEPS, log_interval_s=1e-6)
+    resumed_at = trainer.learner_step
+    try:
+        trainer.train()
+    finally:
+        trainer.close(save=save)
+    return resumed_at
+
+
 def test_a_resume_cuts_the_summaries_written_after_its_checkpoint(tmp_path, catch_spec):
-    # ckpt-2, then two steps whose summaries the checkpoint does not hold (the run was killed)
-    first = _trainer(tmp_path, catch_spec, total_steps=2 * STEP_AGENT_STEPS, log_interval_s=1e-6)
-    try:
-        first.train()
-    finally:
-        first.close()
-    lost = _trainer(tmp_path, catch_spec, total_steps=4 * STEP_AGENT_STEPS, log_interval_s=1e-6)
-    try:
-        lost.train()
-    finally:
-        lost.close(save=False)
+    _run_steps(tmp_path, catch_spec, 2)  # ckpt-2
+    _run_steps(tmp_path, catch_spec, 4, save=False)  # two steps the checkpoint does not hold
     assert _summary_steps(tmp_path) == [20, 40, 60, 80]
-    again = _trainer(tmp_path, catch_spec, total_steps=4 * STEP_AGENT_STEPS, log_interval_s=1e-6)
-    try:
-        assert again.learner_step == 2
-        again.train()
-    finally:
-        again.close()
+    assert _run_steps(tmp_path, catch_spec, 4) == 2
     assert _summary_steps(tmp_path) == [20, 40, 60, 80]  # each step once: the lost steps' records are cut
     aside = [n for n in os.listdir(tmp_path) if n.startswith("after-checkpoint-")]
     assert len(aside) == 1 and _summary_steps(os.path.join(tmp_path, aside[0])) == [60, 80]  # the lost run's file
 
 
 def test_a_resume_without_a_checkpoint_sets_all_the_earlier_summaries_aside(tmp_path, catch_spec):
-    lost = _trainer(tmp_path, catch_spec, total_steps=2 * STEP_AGENT_STEPS, log_interval_s=1e-6)
-    try:
-        lost.train()
-    finally:
-        lost.close(save=False)  # killed before its first checkpoint
+    _run_steps(tmp_path, catch_spec, 2, save=False)  # killed before its first checkpoint
     assert _summary_steps(tmp_path) == [20, 40]
-    again = _trainer(tmp_path, catch_spec, total_steps=1 * STEP_AGENT_STEPS, log_interval_s=1e-6)
-    try:
-        assert again.learner_step == 0
-        again.train()
-    finally:
-        again.close()
+    assert _run_steps(tmp_path, catch_spec, 1) == 0
     assert _summary_steps(tmp_path) == [20]
