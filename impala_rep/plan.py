@@ -9,7 +9,7 @@ own (``share_context=false``) about 45 MB with ``fast`` and about 80 MB with ``s
 (MuJoCo's offscreen buffers: the 2048-texel shadow map and multisampling); a TensorFlow
 learner is about 1.2 GB. The unrolls (:class:`UnrollMemory`) come on top, counted from
 their sizes: the run's observations and buffer lengths. For the benchmark's cartpole run (32
-envs in 2 processes, 84x84 pixels, batches of 32) that gives 2.3 GiB in all, where the
+envs in 2 processes, 84x84 pixels, batches of 32) that gives 2.4 GiB in all, where the
 launcher's processes peaked at 2.2 GiB together (forty-third session).
 Batched inference amortises per-call cost, so fewer processes hosting many envs each beat
 many single-env processes; more processes than cores only adds switching.

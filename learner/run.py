@@ -155,12 +155,11 @@ class Trainer:
         if config.resume:
             # Summaries an earlier run wrote after this checkpoint (or, with none, at all)
             # describe training that is lost; the resumed run writes its own at those steps.
-            summaries = os.path.join(config.logdir, "summaries")
+            resumed_at = int(self.agent_steps.numpy())
             aside = os.path.join(config.logdir, f"after-checkpoint-{stamp}", "summaries")
-            trimmed = trim_events_after(summaries, int(self.agent_steps.numpy()), aside)
-            if trimmed:
+            if trim_events_after(os.path.join(config.logdir, "summaries"), resumed_at, aside):
                 log.info("the earlier run's summaries after the checkpoint's %d agent steps are moved to %s",
-                         int(self.agent_steps.numpy()), os.path.dirname(aside))
+                         resumed_at, os.path.dirname(aside))
         # The learner step of the newest checkpoint: close() writes none again at the same step
         # (a run stopped before training, or one resumed with its budget spent).
         self._saved_step: Optional[int] = self.learner_step if self.restored_from else None
@@ -196,7 +195,7 @@ class Trainer:
                 queue_capacity=self._queue_capacity,
                 initial_params=(self.learner_step + 1, self.step.get_params()[1]),
                 frame_stack=self.frame_stack, replay_ratio=config.replay_ratio,
-                replay_capacity=config.replay_capacity or None, seed=config.seed, server_options=server_options)
+                replay_capacity=config.replay_capacity, seed=config.seed, server_options=server_options)
         else:
             self.queue = UnrollQueue(capacity=self._queue_capacity)
             self.params = ParameterStore()
@@ -208,7 +207,7 @@ class Trainer:
                 frame_stack=self.frame_stack, **server_options)
             self.batcher = PrefetchingBatcher(Batcher(
                 self.queue, self.unroll_spec, config.batch_size, self.frame_stack,
-                replay_ratio=config.replay_ratio, replay_capacity=config.replay_capacity or None, seed=config.seed))
+                replay_ratio=config.replay_ratio, replay_capacity=config.replay_capacity, seed=config.seed))
         self.action_repeat = env_action_repeat(config)
         self._returns: collections.deque = collections.deque(maxlen=100)
         self._writer = tf.summary.create_file_writer(os.path.join(config.logdir, "summaries"))
@@ -405,8 +404,12 @@ class Trainer:
         at stop (a slow env, a long unroll) hears it now instead of retrying a learner that is
         gone. Not for a learner that never served (a failed start)."""
         server = getattr(self, "server", None)
-        if server is not None and server.port is not None:
-            server.finish(**({"drain": 0.0} if self.intake == "thread" else {}))
+        if server is None or server.port is None:
+            return
+        if self.intake == "thread":
+            server.finish(drain=0.0)  # no wait here: the save and evaluation are the actors' time to hear it
+        else:
+            server.finish()  # the intake's child: it never waits
 
     def _release(self) -> None:
         """Closes what the trainer opened, the run directory's lock last; also after a start
