@@ -46,6 +46,15 @@ discounts, step types, states and pixels are identical to repeating ``env.step``
 own loop over full episodes). Measured here: 10-25% less CPU per agent step (cartpole-swingup
 at 84x84, fast preset: about 1.74 -> 1.55 ms; state only: 0.83 -> 0.65 ms). Envs whose class
 overrides dm_control's ``step``/``reset`` fall back to the plain loop.
+
+**Fast rewards** (``fast_reward=True``, the default, with ``fast_repeat``): the control steps
+compute the task's reward with ``envs.fast_rewards.tolerance``, dm_control's
+``rewards.tolerance`` in Python's ``math`` for the floats and one-element arrays the suite's
+rewards pass, instead of NumPy calls on such tiny inputs (cartpole-swingup at action repeat 8
+on a slow host: ``get_reward`` about 80 -> 28 us per control step). Rewards equal dm_control's
+to within 1e-15 (the last bit of one ``exp``/``cos``/``cosh``/``tanh``; most sigmoids to the
+bit); everything else is untouched. ``fast_reward=False`` (or ``fast_repeat=False``) uses
+dm_control's own function.
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ import numpy as np
 from dm_env import specs
 
 from envs.errors import EnvError
+from envs import fast_rewards
 from envs.render_share import release_contexts, share_contexts
 from envs.wrappers import ActionRepeat, Wrapper
 
@@ -251,7 +261,7 @@ class _ControlRepeat(Wrapper):
     observation is ``None`` (for :class:`DMCObservation`, which then renders only).
     """
 
-    def __init__(self, env: dm_env.Environment, repeat: int, observe: bool):
+    def __init__(self, env: dm_env.Environment, repeat: int, observe: bool, fast_reward: bool = False):
         super().__init__(env)
         from dm_control.rl import control  # pylint: disable=import-outside-toplevel
 
@@ -260,6 +270,9 @@ class _ControlRepeat(Wrapper):
         self._observe = bool(observe)
         self._reward_type = np.dtype(env.reward_spec().dtype).type
         self._discount_type = np.dtype(env.discount_spec().dtype).type
+        self._fast_reward = bool(fast_reward)
+        if self._fast_reward:
+            fast_rewards.install()
 
     @property
     def repeat(self) -> int:
@@ -289,6 +302,23 @@ class _ControlRepeat(Wrapper):
         if env._reset_next_step:
             return self.reset()
         task, physics = env._task, env._physics
+        if self._fast_reward:
+            with fast_rewards.scope:
+                reward, discount = self._repeat_action(action, task, physics)
+        else:
+            reward, discount = self._repeat_action(action, task, physics)
+        if discount is None:
+            step_type, discount = dm_env.StepType.MID, 1.0
+        else:
+            step_type = dm_env.StepType.LAST
+        return dm_env.TimeStep(
+            step_type, self._reward_type(reward), self._discount_type(discount), self._observation()
+        )
+
+    def _repeat_action(self, action, task, physics):
+        """(summed reward, discount or None while the episode goes on) of one agent step."""
+        # pylint: disable=protected-access
+        env = self._env
         n_sub_steps, step_limit = env._n_sub_steps, env._step_limit
         reward = None
         discount = None
@@ -306,13 +336,7 @@ class _ControlRepeat(Wrapper):
             if discount is not None:  # episode over
                 env._reset_next_step = True
                 break
-        if discount is None:
-            step_type, discount = dm_env.StepType.MID, 1.0
-        else:
-            step_type = dm_env.StepType.LAST
-        return dm_env.TimeStep(
-            step_type, self._reward_type(reward), self._discount_type(discount), self._observation()
-        )
+        return reward, discount
 
 
 class DMCObservation(Wrapper):
@@ -441,6 +465,7 @@ def make_dmc(
     observation: str = "pixels",
     fast_repeat: bool = True,
     share_context: bool = True,
+    fast_reward: bool = True,
 ) -> dm_env.Environment:
     """Builds ``dmc/DOMAIN-TASK`` (see the module docstring for every option).
 
@@ -457,6 +482,10 @@ def make_dmc(
       fast_repeat: repeat actions inside the control loop, computing the task's observation
         only when it is returned (same timesteps, cheaper; see the module docstring);
         ``False`` repeats dm_control's own ``env.step``.
+      fast_reward: with ``fast_repeat``, compute the task's reward with
+        ``envs.fast_rewards.tolerance`` (dm_control's ``rewards.tolerance`` in ``math``;
+        equal to within 1e-15, cheaper; see the module docstring); ``False`` keeps
+        dm_control's own.
       share_context: render with the rendering contexts shared by the envs of this thread
         whose models render alike (``envs.render_share``; same frames, cheaper when one
         process steps many envs); ``False`` gives this env contexts of its own, as
@@ -475,6 +504,8 @@ def make_dmc(
         raise EnvError(f"dmc option fast_repeat must be true or false, got {fast_repeat!r}.")
     if not isinstance(share_context, (bool, np.bool_)):
         raise EnvError(f"dmc option share_context must be true or false, got {share_context!r}.")
+    if not isinstance(fast_reward, (bool, np.bool_)):
+        raise EnvError(f"dmc option fast_reward must be true or false, got {fast_reward!r}.")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
         raise EnvError(f"seed must be an integer or None, got {seed!r}.")
     domain, task = parse_dmc_id(env_id)
@@ -517,7 +548,9 @@ def make_dmc(
             model.vis.global_.offheight = height
     inner: dm_env.Environment = env
     if fast_repeat and _supports_fast_repeat(env):
-        inner = _ControlRepeat(env, int(action_repeat), observe=observation != "pixels")
+        inner = _ControlRepeat(
+            env, int(action_repeat), observe=observation != "pixels", fast_reward=bool(fast_reward)
+        )
     elif action_repeat > 1:
         inner = ActionRepeat(inner, int(action_repeat))
     wrapped = DMCObservation(inner, physics, (height, width), camera, preset, observation, share_context)

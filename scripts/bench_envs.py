@@ -17,6 +17,7 @@ Usage::
     MUJOCO_GL=egl python scripts/bench_envs.py            # table
     MUJOCO_GL=egl python scripts/bench_envs.py --json     # one JSON object
     MUJOCO_GL=egl python scripts/bench_envs.py --presets fast --fast-repeat both --repeats 3
+    MUJOCO_GL=egl python scripts/bench_envs.py --presets fast --fast-reward both --repeats 3
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--fast-repeat", default="on", choices=["on", "off", "both"],
         help="dmc fast action repeat (off: dm_control's own env.step per repeat; both: measure each)",
     )
+    parser.add_argument(
+        "--fast-reward", default="on", choices=["on", "off", "both"],
+        help="dmc fast rewards, with fast repeat (off: dm_control's own rewards.tolerance; both: measure each)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs per configuration; the best is reported")
     parser.add_argument(
         "--best-by", default="agent_steps_per_s", choices=["agent_steps_per_s", "agent_steps_per_cpu_s"],
@@ -62,20 +67,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def bench(env_id: str, preset: str, fast_repeat: bool, args) -> dict:
+def bench(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, args) -> dict:
     """The best of ``args.repeats`` runs."""
-    runs = [_bench_once(env_id, preset, fast_repeat, args) for _ in range(args.repeats)]
+    runs = [_bench_once(env_id, preset, fast_repeat, fast_reward, args) for _ in range(args.repeats)]
     return max(runs, key=lambda r: r[args.best_by])
 
 
-def _bench_once(env_id: str, preset: str, fast_repeat: bool, args) -> dict:
+def _bench_once(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, args) -> dict:
     import numpy as np  # after the thread limits are set
 
     import envs
 
     kwargs = {}
     if env_id.startswith("dmc/"):
-        kwargs = dict(observation=args.observation, fast_repeat=fast_repeat, size=args.size, render=preset)
+        kwargs = dict(
+            observation=args.observation, fast_repeat=fast_repeat, fast_reward=fast_reward, size=args.size, render=preset
+        )
     env = envs.make(env_id, seed=0, action_repeat=args.action_repeat, **kwargs)
     spec = env.action_spec()
     rng = np.random.default_rng(0)
@@ -102,6 +109,7 @@ def _bench_once(env_id: str, preset: str, fast_repeat: bool, args) -> dict:
         "render": getattr(env, "render_preset", None),
         "observation": args.observation if env_id.startswith("dmc/") else None,
         "fast_repeat": fast_repeat if env_id.startswith("dmc/") else None,
+        "fast_reward": fast_reward if env_id.startswith("dmc/") else None,
         "size": args.size,
         "action_repeat": args.action_repeat,
         "agent_steps": steps,
@@ -125,12 +133,13 @@ def main(argv=None) -> int:
     from envs import dmc
 
     try:
-        fast_repeats = {"on": [True], "off": [False], "both": [False, True]}[args.fast_repeat]
+        choices = {"on": [True], "off": [False], "both": [False, True]}
         results = [
-            bench(env_id, preset, fast, args)
+            bench(env_id, preset, fast, fast_reward, args)
             for env_id in args.tasks
             for preset in args.presets
-            for fast in fast_repeats
+            for fast in choices[args.fast_repeat]
+            for fast_reward in choices[args.fast_reward]
         ]
         renderer = dmc.renderer_name()
     except envs.EnvError as exc:
@@ -149,12 +158,13 @@ def main(argv=None) -> int:
     else:
         print(f"renderer: {renderer} (MUJOCO_GL={report['mujoco_gl']}, LP_NUM_THREADS={report['lp_num_threads']})")
         print(
-            f"{'env':28s} {'render':8s} {'observation':12s} {'fast_repeat':11s} {'agent steps/s':>14s} "
+            f"{'env':28s} {'render':8s} {'observation':12s} {'fast_repeat':11s} {'fast_reward':11s} {'agent steps/s':>14s} "
             f"{'control steps/s':>16s} {'steps/cpu-s':>12s} {'steps':>6s}"
         )
         for r in results:
             print(
                 f"{r['env_id']:28s} {str(r['render']):8s} {str(r['observation']):12s} {str(r['fast_repeat']):11s} "
+                f"{str(r['fast_reward']):11s} "
                 f"{r['agent_steps_per_s']:14.1f} "
                 f"{r['control_steps_per_s']:16.1f} {r['agent_steps_per_cpu_s']:12.1f} {r['agent_steps']:6d}"
             )
