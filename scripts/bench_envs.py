@@ -5,7 +5,9 @@ For each task and render preset, makes the env (84x84 pixels, action repeat 4 by
 resets, and steps it with uniformly random actions for at most ``--steps`` agent steps or
 ``--seconds`` seconds; reports agent steps/s (one render and ``action_repeat`` physics
 control steps each), timed after make and the first reset, by the wall clock and per
-second of the process's CPU time (steadier when other processes share the cores).
+second of the process's CPU time (steadier when other processes share the cores). With
+``--repeats N`` the runs go in N rounds of one run per configuration, and the best of each
+configuration's runs is reported: on a host whose speed drifts, compare within one call.
 
 One core: this entry point limits BLAS/OpenMP to one thread and has Mesa's llvmpipe
 rasterise in the calling thread, as the actor processes do (``OMP_NUM_THREADS=1``,
@@ -52,7 +54,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--fast-reward", default="on", choices=["on", "off", "both"],
         help="dmc fast rewards, with fast repeat (off: dm_control's own rewards.tolerance; both: measure each)",
     )
-    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration; the best is reported")
+    parser.add_argument(
+        "--repeats", type=int, default=1,
+        help="runs per configuration, in rounds of one run of each; the best is reported",
+    )
     parser.add_argument(
         "--best-by", default="agent_steps_per_s", choices=["agent_steps_per_s", "agent_steps_per_cpu_s"],
         help="which rate picks the best of --repeats (CPU time is steadier on a busy machine)",
@@ -67,10 +72,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def bench(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, args) -> dict:
-    """The best of ``args.repeats`` runs."""
-    runs = [_bench_once(env_id, preset, fast_repeat, fast_reward, args) for _ in range(args.repeats)]
-    return max(runs, key=lambda r: r[args.best_by])
+def bench(configs, args) -> list:
+    """The best of ``args.repeats`` runs of each ``(env_id, preset, fast_repeat, fast_reward)``.
+
+    The runs go in rounds, one of each configuration per round, so that a host whose speed
+    drifts over minutes slows every configuration alike.
+    """
+    runs = [[] for _ in configs]
+    for _ in range(args.repeats):
+        for i, config in enumerate(configs):
+            runs[i].append(_bench_once(*config, args))
+    return [max(r, key=lambda run: run[args.best_by]) for r in runs]
 
 
 def _bench_once(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, args) -> dict:
@@ -134,13 +146,14 @@ def main(argv=None) -> int:
 
     try:
         choices = {"on": [True], "off": [False], "both": [False, True]}
-        results = [
-            bench(env_id, preset, fast, fast_reward, args)
+        configs = [
+            (env_id, preset, fast, fast_reward)
             for env_id in args.tasks
             for preset in args.presets
             for fast in choices[args.fast_repeat]
             for fast_reward in choices[args.fast_reward]
         ]
+        results = bench(configs, args)
         renderer = dmc.renderer_name()
     except envs.EnvError as exc:
         print(f"bench_envs: {exc}", file=sys.stderr)
