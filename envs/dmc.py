@@ -69,8 +69,8 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from envs.errors import EnvError
 from envs import fast_rewards
+from envs.errors import EnvError
 from envs.render_share import release_contexts, share_contexts
 from envs.wrappers import ActionRepeat, Wrapper
 
