@@ -60,6 +60,7 @@ dm_control's own function.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import sys
@@ -271,9 +272,11 @@ class _ControlRepeat(Wrapper):
         self._observe = bool(observe)
         self._reward_type = np.dtype(env.reward_spec().dtype).type
         self._discount_type = np.dtype(env.discount_spec().dtype).type
-        self._fast_reward = bool(fast_reward)
-        if self._fast_reward:
+        # The fast path of rewards.tolerance on while this env's control steps run, or nothing.
+        self._reward_scope = contextlib.nullcontext()
+        if fast_reward:
             fast_rewards.install()
+            self._reward_scope = fast_rewards.scope
 
     @property
     def repeat(self) -> int:
@@ -303,10 +306,7 @@ class _ControlRepeat(Wrapper):
         if env._reset_next_step:
             return self.reset()
         task, physics = env._task, env._physics
-        if self._fast_reward:
-            with fast_rewards.scope:
-                reward, discount = self._repeat_action(action, task, physics)
-        else:
+        with self._reward_scope:
             reward, discount = self._repeat_action(action, task, physics)
         if discount is None:
             step_type, discount = dm_env.StepType.MID, 1.0

@@ -89,6 +89,15 @@ def test_default_value_at_margin_and_positional_arguments():
         _same(_fast(x, margin=1.0), original(x, margin=1.0), False, x)
 
 
+def test_numpy_scalar_bounds_and_margin_still_give_a_float():
+    original = _original()
+    bounds, margin = (np.float64(0.0), np.float64(1.0)), np.float64(2.0)
+    for sigmoid in SIGMOIDS:
+        for x in (0.5, 1.7, -3.0):
+            fast = _fast(x, bounds, margin, sigmoid, 0.3)
+            _same(fast, original(x, bounds, margin, sigmoid, 0.3), sigmoid in EXACT_SIGMOIDS, (sigmoid, x))
+
+
 def test_fast_path_runs_only_inside_the_scope(monkeypatch):
     original = _original()
     calls = []
