@@ -20,6 +20,7 @@ Usage::
     MUJOCO_GL=egl python scripts/bench_envs.py --json     # one JSON object
     MUJOCO_GL=egl python scripts/bench_envs.py --presets fast --fast-repeat both --repeats 3
     MUJOCO_GL=egl python scripts/bench_envs.py --presets fast --fast-reward both --repeats 3
+    MUJOCO_GL=egl python scripts/bench_envs.py --presets fast --coarse-shapes both --repeats 3
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="dmc fast rewards, with fast repeat (off: dm_control's own rewards.tolerance; both: measure each)",
     )
     parser.add_argument(
+        "--coarse-shapes", default="on", choices=["on", "off", "both"],
+        help="dmc coarse shapes under the fast preset (off: the model's tessellation; both: measure each)",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=1,
         help="runs per configuration, in rounds of one run of each; the best is reported",
     )
@@ -73,7 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def bench(configs, args) -> list:
-    """The best of ``args.repeats`` runs of each ``(env_id, preset, fast_repeat, fast_reward)``.
+    """The best of ``args.repeats`` runs of each ``(env_id, preset, fast_repeat, fast_reward,
+    coarse_shapes)``.
 
     The runs go in rounds, one of each configuration per round, so that a host whose speed
     drifts over minutes slows every configuration alike.
@@ -85,7 +91,7 @@ def bench(configs, args) -> list:
     return [max(r, key=lambda run: run[args.best_by]) for r in runs]
 
 
-def _bench_once(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, args) -> dict:
+def _bench_once(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, coarse_shapes: bool, args) -> dict:
     import numpy as np  # after the thread limits are set
 
     import envs
@@ -93,7 +99,8 @@ def _bench_once(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, 
     kwargs = {}
     if env_id.startswith("dmc/"):
         kwargs = dict(
-            observation=args.observation, fast_repeat=fast_repeat, fast_reward=fast_reward, size=args.size, render=preset
+            observation=args.observation, fast_repeat=fast_repeat, fast_reward=fast_reward,
+            coarse_shapes=coarse_shapes, size=args.size, render=preset,
         )
     env = envs.make(env_id, seed=0, action_repeat=args.action_repeat, **kwargs)
     spec = env.action_spec()
@@ -122,6 +129,7 @@ def _bench_once(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, 
         "observation": args.observation if env_id.startswith("dmc/") else None,
         "fast_repeat": fast_repeat if env_id.startswith("dmc/") else None,
         "fast_reward": fast_reward if env_id.startswith("dmc/") else None,
+        "coarse_shapes": coarse_shapes if getattr(env, "render_preset", None) == "fast" else None,
         "size": args.size,
         "action_repeat": args.action_repeat,
         "agent_steps": steps,
@@ -147,11 +155,12 @@ def main(argv=None) -> int:
     try:
         choices = {"on": [True], "off": [False], "both": [False, True]}
         configs = [
-            (env_id, preset, fast, fast_reward)
+            (env_id, preset, fast, fast_reward, coarse)
             for env_id in args.tasks
             for preset in args.presets
             for fast in choices[args.fast_repeat]
             for fast_reward in choices[args.fast_reward]
+            for coarse in (choices[args.coarse_shapes] if preset != "standard" else [True])  # no effect there
         ]
         results = bench(configs, args)
         renderer = dmc.renderer_name()
@@ -171,13 +180,13 @@ def main(argv=None) -> int:
     else:
         print(f"renderer: {renderer} (MUJOCO_GL={report['mujoco_gl']}, LP_NUM_THREADS={report['lp_num_threads']})")
         print(
-            f"{'env':28s} {'render':8s} {'observation':12s} {'fast_repeat':11s} {'fast_reward':11s} {'agent steps/s':>14s} "
+            f"{'env':28s} {'render':8s} {'observation':12s} {'fast_repeat':11s} {'fast_reward':11s} {'coarse':6s} {'agent steps/s':>14s} "
             f"{'control steps/s':>16s} {'steps/cpu-s':>12s} {'steps':>6s}"
         )
         for r in results:
             print(
                 f"{r['env_id']:28s} {str(r['render']):8s} {str(r['observation']):12s} {str(r['fast_repeat']):11s} "
-                f"{str(r['fast_reward']):11s} "
+                f"{str(r['fast_reward']):11s} {str(r['coarse_shapes']):6s} "
                 f"{r['agent_steps_per_s']:14.1f} "
                 f"{r['control_steps_per_s']:16.1f} {r['agent_steps_per_cpu_s']:12.1f} {r['agent_steps']:6d}"
             )

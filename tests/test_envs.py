@@ -206,6 +206,9 @@ def test_render_presets():
         shadowsize = env.physics.model.vis.quality.shadowsize
         assert (shadowsize == 0) == (resolved == "fast")
         assert (env.physics.model.vis.quality.offsamples == 0) == (resolved == "fast")
+        quality = env.physics.model.vis.quality
+        expected_tessellation = (dmc.FAST_NUMSLICES, dmc.FAST_NUMSTACKS) if resolved == "fast" else (28, 16)
+        assert (quality.numslices, quality.numstacks) == expected_tessellation
     assert not np.array_equal(imgs["fast"], imgs["standard"])
     # fast turns the skybox off: the background is black (the clear colour), standard has none.
     assert (imgs["fast"].sum(-1) == 0).mean() > 0.2
@@ -213,6 +216,43 @@ def test_render_presets():
     software = any(s in dmc.renderer_name().lower() for s in ("llvmpipe", "softpipe", "swrast", "osmesa"))
     expected = "fast" if software else "standard"
     np.testing.assert_array_equal(imgs["auto"], imgs[expected])
+
+
+def test_fast_preset_tessellation_keeps_the_look():
+    """The fast preset's coarser capsules change silhouette pixels, not the picture: its frames
+    against the same preset at the suite's full tessellation, over a walker episode's start."""
+    size, seed = 64, 5
+    env = envs.make("dmc/walker-walk", seed=seed, size=size, render="fast", action_repeat=1)
+    kept = envs.make("dmc/walker-walk", seed=seed, size=size, render="fast", action_repeat=1, coarse_shapes=False)
+    # After envs.make, which chooses MUJOCO_GL before dm_control is first imported.
+    from dm_control.mujoco import engine  # pylint: disable=import-outside-toplevel
+
+    full = dmc._suite().load("walker", "walk", task_kwargs={"random": seed})  # pylint: disable=protected-access
+    quality = full.physics.model.vis.quality
+    quality.shadowsize, quality.offsamples = 0, 0
+    assert (quality.numslices, quality.numstacks) == (28, 16)
+    camera = engine.Camera(full.physics, height=size, width=size, camera_id=0)
+    flags = {"shadow": False, "reflection": False, "skybox": False}
+    timestep, _, _ = env.reset(), kept.reset(), full.reset()
+    rng = np.random.default_rng(seed)
+    diffs, changed = [], []
+    for _ in range(30):
+        action = rng.uniform(-1.0, 1.0, size=env.action_spec().shape)
+        timestep, kept_timestep, _ = env.step(action), kept.step(action), full.step(action)
+        ours = timestep.observation["pixels"].astype(np.int16)
+        reference = np.ascontiguousarray(camera.render(render_flag_overrides=dict(flags))).astype(np.int16)
+        np.testing.assert_array_equal(kept_timestep.observation["pixels"], reference)  # coarse_shapes=False
+        diff = np.abs(ours - reference)
+        diffs.append(diff.mean())
+        changed.append((diff.max(-1) > 16).mean())
+    assert max(diffs) > 0.0, "the fast preset's tessellation did not reach the frames"
+    assert np.mean(diffs) < 1.0, f"mean difference {np.mean(diffs):.3f} grey levels"
+    assert np.mean(changed) < 0.01, f"{np.mean(changed):.4f} of the pixels differ by more than 16"
+    assert (kept.physics.model.vis.quality.numslices, kept.physics.model.vis.quality.numstacks) == (28, 16)
+    env.close()
+    kept.close()
+    with pytest.raises(envs.EnvError, match="coarse_shapes must be true or false"):
+        envs.make("dmc/walker-walk", render="fast", coarse_shapes="yes")
 
 
 def test_dmc_size_camera_and_frame_stack():

@@ -166,6 +166,8 @@ def _reference_camera(ref_env, size: int, preset: str):
     if preset == "fast":
         physics.model.vis.quality.shadowsize = 0
         physics.model.vis.quality.offsamples = 0
+        physics.model.vis.quality.numslices = dmc.FAST_NUMSLICES
+        physics.model.vis.quality.numstacks = dmc.FAST_NUMSTACKS
         flags = {"shadow": False, "reflection": False, "skybox": False}
     camera = engine.Camera(physics, height=size, width=size, camera_id=0)
     return lambda: np.ascontiguousarray(camera.render(render_flag_overrides=dict(flags)))
