@@ -100,7 +100,7 @@ FILL_NICE = 19
 
 def choose_actor_nice(requested: Optional[int], learner: str, threads: int, cores: int) -> tuple:
     """The actor processes' nice value and why: ``--actor-nice`` if given; else, when the learner
-    computes on these cores (``learner`` cpu or auto) with a thread for every core,
+    computes on these cores (``learner``, resolved: ``cpu``) with a thread for every core,
     :data:`FILL_NICE`, so that the actors run in the learner's gaps (its replicas waiting for
     each other, its Python between steps) and, when it waits for unrolls, on every core (with
     one actor process per core: :func:`fill_actor_processes`); else :data:`DEFAULT_ACTOR_NICE`,
@@ -125,8 +125,14 @@ def choose_actor_nice(requested: Optional[int], learner: str, threads: int, core
 
 
 def learner_fills_cores(learner: str, threads: int, cores: int) -> bool:
-    """Whether the learner computes on this machine's cores with a thread for every one of them."""
-    return learner in ("cpu", "auto") and threads >= cores
+    """Whether the learner computes on this machine's cores with a thread for every one of them.
+
+    ``learner`` is the resolved kind (``cpu``, ``gpu`` or ``tpu``; ``resolve_auto_learner`` runs
+    first): ``auto`` is refused, since it may yet become a GPU learner whose threads only feed it.
+    """
+    if learner not in ("cpu", "gpu", "tpu"):
+        raise ValueError(f"learner_fills_cores needs the resolved learner (cpu, gpu or tpu), got {learner!r}.")
+    return learner == "cpu" and threads >= cores
 
 
 def fill_actor_processes(config, cores: int, processes: int, processes_why: str, filling: bool) -> tuple:

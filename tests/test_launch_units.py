@@ -324,7 +324,9 @@ def test_actors_fill_the_gaps_of_a_learner_whose_threads_fill_the_cores():
     assert nice == FILL_NICE == 19 and "fill the 2 cores" in why and "on every core" in why
     nice, why = choose_actor_nice(None, "cpu", 1, 1)  # a 1-core machine, in the singular
     assert nice == 19 and why.startswith("the learner's thread fills the one core")
-    assert choose_actor_nice(None, "auto", 4, 4)[0] == 19
+    assert choose_actor_nice(None, "cpu", 4, 4)[0] == 19
+    with pytest.raises(ValueError, match="resolved learner"):  # auto may yet become a GPU learner
+        choose_actor_nice(None, "auto", 4, 4)
     assert choose_actor_nice(None, "gpu", 2, 2)[0] == 10  # its threads only feed the GPU
     assert choose_actor_nice(7, "cpu", 2, 2) == (7, "--actor-nice")
     assert choose_actor_nice(0, "cpu", 1, 2) == (0, "--actor-nice")
