@@ -42,6 +42,11 @@ __all__ = ["Trainer", "main", "make_learner_step", "start_trainer"]
 
 log = logging.getLogger("impala_rep.learner")
 
+# What the divergence sentences advise, the same in each of them.
+_DIVERGED_ADVICE = (
+    "a lower --learning-rate or --clip-norm (or the rewards rescaled: --reward-scale, --reward-clip)"
+)
+
 
 def env_action_repeat(config: RunConfig) -> int:
     """Env frames per agent step (DM Control ids default to action repeat 4)."""
@@ -592,10 +597,9 @@ class Trainer:
                 "exported policy already hold those parameters (or later ones), so resuming from it would diverge "
                 "again. "
                 + (f"Resume from {os.path.basename(earlier[-1])} (write model_checkpoint_path: \"{os.path.basename(earlier[-1])}\" "
-                   "as the first line of checkpoints/checkpoint) with a lower --learning-rate or --clip-norm, or start "
-                   "with --no-resume." if earlier else
-                   "Start again with --no-resume and a lower --learning-rate or --clip-norm (or check the rewards' "
-                   "scale: --reward-scale, --reward-clip).")
+                   f"as the first line of checkpoints/checkpoint) with {_DIVERGED_ADVICE}, or start again with "
+                   "--no-resume." if earlier else
+                   f"Start again with --no-resume and {_DIVERGED_ADVICE}.")
             )
             log.error("%s", self.diverged)
             return
@@ -603,8 +607,7 @@ class Trainer:
             f"{what}: the run diverged and stopped without saving, so "
             + (f"the last checkpoint ({os.path.basename(last)}) and exported policy are from before it. "
                if last else "no checkpoint was written. ")
-            + "Lower --learning-rate or --clip-norm (or check the rewards' scale: --reward-scale, --reward-clip), "
-            "then start again" + (" (it resumes from that checkpoint)." if last else ".")
+            + f"Start again with {_DIVERGED_ADVICE}" + (" (it resumes from that checkpoint)." if last else ".")
         )
         log.error("%s", self.diverged)
 

@@ -300,7 +300,7 @@ def test_a_diverged_run_stops_with_a_sentence_and_keeps_the_last_good_checkpoint
             or "policy gave NaN or infinite log-probabilities with parameters version" in proc.stderr), proc.stderr[-3000:]
     assert "the run diverged and stopped without saving" in proc.stderr
     assert f"the last checkpoint ({policy_before['checkpoint']}) and exported policy are from before it" in proc.stderr
-    assert "Lower --learning-rate or --clip-norm" in proc.stderr and "Traceback" not in proc.stderr
+    assert "Start again with a lower --learning-rate or --clip-norm" in proc.stderr and "Traceback" not in proc.stderr
     # Nothing after the divergence was saved: the checkpoints and the exported policy are the first run's.
     assert sorted(os.listdir(os.path.join(logdir, "checkpoints"))) == before
     assert json.load(open(os.path.join(logdir, "policy", "policy.json"))) == policy_before

@@ -165,6 +165,7 @@ def test_a_divergence_the_actors_found_names_a_checkpoint_from_before_it(tmp_pat
     late = diverged_at(4, tmp_path / "late")
     assert "its last checkpoint (ckpt-3) and exported policy already hold those parameters" in late, late
     assert 'Resume from ckpt-1 (write model_checkpoint_path: "ckpt-1"' in late, late
+    assert "with a lower --learning-rate or --clip-norm (or the rewards rescaled: --reward-scale" in late, late
     early = diverged_at(9, tmp_path / "early")
     assert "the last checkpoint (ckpt-3) and exported policy are from before it" in early, early
     assert _checkpoints(tmp_path / "late") == _checkpoints(tmp_path / "early") == ["ckpt-1.index", "ckpt-3.index"]

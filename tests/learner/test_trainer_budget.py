@@ -119,6 +119,6 @@ def test_a_divergence_the_tick_reports_stops_training_and_saves_nothing_after_it
         trainer.close()
     assert trainer.diverged.startswith("actor process 0's policy gave NaN or infinite log-probabilities with "
                                        "parameters version 3: the run diverged and stopped without saving")
-    assert "Lower --learning-rate or --clip-norm" in caplog.text
+    assert "Start again with a lower --learning-rate or --clip-norm" in caplog.text
     assert sorted(os.listdir(os.path.join(tmp_path, "checkpoints"))) == saved
     assert open(os.path.join(tmp_path, "policy", "policy.json")).read() == exported
