@@ -64,14 +64,31 @@ compute the task's reward with ``envs.fast_rewards.tolerance``, dm_control's
 rewards pass, instead of NumPy calls on such tiny inputs (cartpole-swingup at action repeat 8
 on a slow host: ``get_reward`` about 80 -> 28 us per control step). Rewards equal dm_control's
 to within 1e-15 (the last bit of one ``exp``/``cos``/``cosh``/``tanh``; most sigmoids to the
-bit); everything else is untouched. ``fast_reward=False`` (or ``fast_repeat=False``) uses
-dm_control's own function.
+bit); everything else is untouched. For cartpole's one-pole tasks the whole reward is computed
+directly (``envs.fast_rewards.task_reward``: the state read by index instead of through
+dm_control's named indexing, the same arithmetic on floats; the same value bit for bit as
+``get_reward`` with the fast ``tolerance``; about 40 -> 2-4 us per control step on a slow
+host), unless a reward method was replaced. ``fast_reward=False`` (or ``fast_repeat=False``)
+uses dm_control's own function and ``get_reward``.
+
+**Fast physics step** (``fast_step=True``, the default, with ``fast_repeat``): the control
+steps call MuJoCo's ``mj_step2``/``mj_step``/``mj_step1`` as dm_control's ``Physics.step``
+does and check for new MuJoCo warnings as it does (``PhysicsError`` naming them, or a logged
+warning inside ``suppress_physics_errors``), without the context manager and NumPy
+temporaries it runs per call (about 60 us per control step on a slow host, more than
+MuJoCo's step of a small model). States, rewards and pixels are the same bit for bit
+(``tests/test_envs_fast_repeat.py``). A physics class that overrides ``step`` keeps its own.
+Measured (``scripts/bench_envs.py``, one process, same host, alternating): the main job's
+cartpole env (64x64, action repeat 8) 495-557 -> 982-1,210 agent steps per CPU-second with
+this and the direct reward, the benchmark's (84x84, repeat 4) 664-741 -> 1,173-1,479.
+``fast_step=False`` calls ``physics.step``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import logging
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -115,6 +132,8 @@ _FAST_FLAGS = {"shadow": False, "reflection": False, "skybox": False}
 # The fast preset's tessellation of MuJoCo's built-in shapes (half the suite's 28 x 16).
 FAST_NUMSLICES = 16
 FAST_NUMSTACKS = 8
+log = logging.getLogger(__name__)
+
 # The attributes of dm_control.rl.control.Environment that _ControlRepeat mirrors.
 _CONTROL_ATTRS = ("_task", "_physics", "_n_sub_steps", "_step_limit", "_step_count", "_reset_next_step",
                   "_flat_observation")
@@ -265,6 +284,68 @@ def _supports_fast_repeat(env: Any) -> bool:
     )
 
 
+class _PhysicsStep:
+    """``physics.step(nstep)`` as dm_control's ``mujoco.Physics.step`` runs it, for a physics
+    whose class does not override ``step``: the same MuJoCo calls in the same order
+    (``legacy_step``: ``mj_step2``, ``mj_step`` for the remaining substeps and ``mj_step1``, or
+    ``mj_step`` alone with the RK4 integrator; otherwise ``mj_step``), and the same check for
+    new MuJoCo warnings afterwards (``PhysicsError`` naming them, or a logged warning inside
+    ``suppress_physics_errors``), without the context manager and the NumPy temporaries that
+    ``Physics.step`` runs per call: about 60 us of Python per control step on a slow host, more
+    than MuJoCo's own step of a small model. The state after each call is the same bit for bit
+    (``tests/test_envs_fast_repeat.py``)."""
+
+    def __init__(self, physics: Any):
+        import mujoco  # pylint: disable=import-outside-toplevel
+
+        self._physics = physics
+        self._mj_step, self._mj_step1, self._mj_step2 = mujoco.mj_step, mujoco.mj_step1, mujoco.mj_step2
+        self._rk4 = int(mujoco.mjtIntegrator.mjINT_RK4.value)
+        self._warning_names = list(mujoco.mjtWarning.__members__)
+
+    def __call__(self, nstep: int = 1) -> None:
+        # pylint: disable=protected-access
+        physics = self._physics
+        model, data = physics.model.ptr, physics.data.ptr
+        warnings = physics._warnings  # dm_control's view of data.warning.number
+        before = warnings.tolist()
+        if physics.legacy_step:
+            if model.opt.integrator != self._rk4:
+                self._mj_step2(model, data)
+                if nstep > 1:
+                    self._mj_step(model, data, nstep - 1)
+            else:
+                self._mj_step(model, data, nstep)
+            self._mj_step1(model, data)
+        else:
+            self._mj_step(model, data, nstep)
+        after = warnings.tolist()
+        if after != before:
+            self._new_warnings(before, after)
+
+    def _new_warnings(self, before: List[int], after: List[int]) -> None:
+        from dm_control.rl import control  # pylint: disable=import-outside-toplevel
+
+        names = [name for name, b, a in zip(self._warning_names, before, after) if a > b]
+        if not names:
+            return
+        message = "Physics state is invalid. Warning(s) raised: " + ", ".join(names)
+        if self._physics._warnings_cause_exception:  # pylint: disable=protected-access
+            raise control.PhysicsError(message)
+        log.warning(message)
+
+
+def _supports_fast_step(physics: Any) -> bool:
+    """True where :class:`_PhysicsStep` may stand in for ``physics.step``."""
+    from dm_control.mujoco import engine  # pylint: disable=import-outside-toplevel
+
+    return (
+        isinstance(physics, engine.Physics)
+        and type(physics).step is engine.Physics.step
+        and all(hasattr(physics, name) for name in ("_warnings", "_warnings_cause_exception", "legacy_step"))
+    )
+
+
 class _ControlRepeat(Wrapper):
     """Repeats an action ``repeat`` times inside a dm_control ``control.Environment``.
 
@@ -278,7 +359,8 @@ class _ControlRepeat(Wrapper):
     observation is ``None`` (for :class:`DMCObservation`, which then renders only).
     """
 
-    def __init__(self, env: dm_env.Environment, repeat: int, observe: bool, fast_reward: bool = False):
+    def __init__(self, env: dm_env.Environment, repeat: int, observe: bool, fast_reward: bool = False,
+                 fast_step: bool = False):
         super().__init__(env)
         from dm_control.rl import control  # pylint: disable=import-outside-toplevel
 
@@ -289,9 +371,15 @@ class _ControlRepeat(Wrapper):
         self._discount_type = np.dtype(env.discount_spec().dtype).type
         # The fast path of rewards.tolerance on while this env's control steps run, or nothing.
         self._reward_scope = contextlib.nullcontext()
+        # pylint: disable=protected-access
+        task, physics = env._task, env._physics
+        # The task's reward computed directly (envs.fast_rewards.task_reward), or None: get_reward.
+        self._task_reward = None
         if fast_reward:
             fast_rewards.install()
             self._reward_scope = fast_rewards.scope
+            self._task_reward = fast_rewards.task_reward(task, physics)
+        self._physics_step = _PhysicsStep(physics) if fast_step and _supports_fast_step(physics) else None
 
     @property
     def repeat(self) -> int:
@@ -336,13 +424,17 @@ class _ControlRepeat(Wrapper):
         # pylint: disable=protected-access
         env = self._env
         n_sub_steps, step_limit = env._n_sub_steps, env._step_limit
+        physics_step = self._physics_step or physics.step
+        task_reward = self._task_reward
+        if task_reward is not None and not task_reward.applies():  # a reward method replaced since
+            task_reward = None
         reward = None
         discount = None
         for _ in range(self._repeat):
             task.before_step(action, physics)
-            physics.step(n_sub_steps)
+            physics_step(n_sub_steps)
             task.after_step(physics)
-            sub_reward = task.get_reward(physics)
+            sub_reward = task.get_reward(physics) if task_reward is None else task_reward()
             reward = sub_reward if reward is None else reward + sub_reward
             env._step_count += 1
             if env._step_count >= step_limit:
@@ -483,6 +575,7 @@ def make_dmc(
     share_context: bool = True,
     fast_reward: bool = True,
     coarse_shapes: bool = True,
+    fast_step: bool = True,
 ) -> dm_env.Environment:
     """Builds ``dmc/DOMAIN-TASK`` (see the module docstring for every option).
 
@@ -503,6 +596,9 @@ def make_dmc(
         ``envs.fast_rewards.tolerance`` (dm_control's ``rewards.tolerance`` in ``math``;
         equal to within 1e-15, cheaper; see the module docstring); ``False`` keeps
         dm_control's own.
+      fast_step: with ``fast_repeat``, step the physics with the same MuJoCo calls as
+        dm_control's ``Physics.step`` but without its per-call Python (same states bit for bit,
+        cheaper; see the module docstring); ``False`` calls ``physics.step``.
       coarse_shapes: with the ``fast`` preset, draw capsules, cylinders and spheres with
         ``FAST_NUMSLICES`` x ``FAST_NUMSTACKS`` (cheaper; the frames differ only at rounded
         silhouettes); ``False`` keeps the model's tessellation. No effect under ``standard``.
@@ -528,6 +624,8 @@ def make_dmc(
         raise EnvError(f"dmc option fast_reward must be true or false, got {fast_reward!r}.")
     if not isinstance(coarse_shapes, (bool, np.bool_)):
         raise EnvError(f"dmc option coarse_shapes must be true or false, got {coarse_shapes!r}.")
+    if not isinstance(fast_step, (bool, np.bool_)):
+        raise EnvError(f"dmc option fast_step must be true or false, got {fast_step!r}.")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
         raise EnvError(f"seed must be an integer or None, got {seed!r}.")
     domain, task = parse_dmc_id(env_id)
@@ -577,7 +675,8 @@ def make_dmc(
     inner: dm_env.Environment = env
     if fast_repeat and _supports_fast_repeat(env):
         inner = _ControlRepeat(
-            env, int(action_repeat), observe=observation != "pixels", fast_reward=bool(fast_reward)
+            env, int(action_repeat), observe=observation != "pixels", fast_reward=bool(fast_reward),
+            fast_step=bool(fast_step),
         )
     elif action_repeat > 1:
         inner = ActionRepeat(inner, int(action_repeat))

@@ -186,3 +186,106 @@ def _fast(x: Any, bounds: Any, margin: Any, sigmoid: Any, value_at_margin: Any) 
         values = [_fast_float(v, lower, upper, margin, sigmoid, scale) for v in x.ravel().tolist()]
         return np.array(values, dtype=np.float64).reshape(x.shape)
     return _fast_float(float(x), lower, upper, margin, sigmoid, scale)
+
+
+# --------------------------------------------------------------------------- whole rewards
+
+
+class TaskReward:
+    """A task's reward computed directly (:func:`task_reward`): call it for the reward of the
+    current state; :meth:`applies` says whether the task and physics still have the methods it
+    stands for (none replaced since, on the instance or the class)."""
+
+    def __init__(self, compute: Callable[[], float], methods: Tuple[Tuple[Any, str, Any], ...]):
+        self._compute = compute
+        self._methods = methods  # (object, name, the class attribute found when built)
+
+    def __call__(self) -> float:
+        return self._compute()
+
+    def applies(self) -> bool:
+        for obj, name, function in self._methods:
+            if name in vars(obj) or getattr(type(obj), name, None) is not function:
+                return False
+        return True
+
+
+def task_reward(task: Any, physics: Any) -> Optional[TaskReward]:
+    """The task's reward computed directly, for the tasks it knows, or ``None`` (the caller
+    then calls ``task.get_reward``).
+
+    Known: cartpole's ``Balance`` task with one pole (``balance``, ``balance_sparse``,
+    ``swingup``, ``swingup_sparse``). Its ``get_reward`` reads the state through dm_control's
+    named indexing and runs about ten NumPy operations on one-element arrays per control step;
+    the function returned here reads the same values from ``physics.data`` by index and does the
+    same arithmetic on Python floats in the same order, with :func:`tolerance`'s fast path for
+    each ``rewards.tolerance``: the value equals ``task.get_reward(physics)`` inside
+    :data:`scope` bit for bit (``tests/test_envs_fast_rewards.py``), and dm_control's to within
+    1e-15 as :func:`tolerance` does. Needs :func:`install` (for dm_control's default
+    ``value_at_margin``). The state is read when the function is called, so it stays valid
+    across resets; a physics reloaded with another model needs a new one. Not for a task or
+    physics whose reward methods were replaced by other code (see :meth:`TaskReward.applies`).
+    """
+    from dm_control.suite import cartpole  # pylint: disable=import-outside-toplevel
+
+    if type(task) is not cartpole.Balance or type(physics) is not cartpole.Physics:
+        return None
+    methods = _dm_control_methods(
+        task, ("get_reward", "_get_reward"), physics, ("cart_position", "pole_angle_cosine", "angular_vel", "control")
+    )
+    if methods is None:
+        return None
+    compute = _cartpole_reward(task, physics)
+    return None if compute is None else TaskReward(compute, methods)
+
+
+def _dm_control_methods(
+    task: Any, task_methods: Tuple[str, ...], physics: Any, physics_methods: Tuple[str, ...]
+) -> Optional[Tuple[Tuple[Any, str, Any], ...]]:
+    """``(object, name, class attribute)`` for each method a reward reads, or ``None`` where one
+    is replaced on the instance or comes from another module than dm_control's."""
+    found = []
+    for obj, names in ((task, task_methods), (physics, physics_methods)):
+        for name in names:
+            function = getattr(type(obj), name, None)
+            if name in vars(obj) or not getattr(function, "__module__", "").startswith("dm_control."):
+                return None
+            found.append((obj, name, function))
+    return tuple(found)
+
+
+def _cartpole_reward(task: Any, physics: Any) -> Optional[Callable[[], float]]:
+    model = physics.model
+    if model.nbody != 3 or model.nv != 2 or model.nu != 1:
+        return None  # two or three poles: NumPy's mean over the poles sums in its own order
+    slider = int(model.jnt_qposadr[model.name2id("slider", "joint")])
+    pole = int(model.name2id("pole_1", "body"))
+    # cartpole.Physics: cart_position = qpos['slider'][0]; pole_angle_cosine = xmat[2:, 'zz']
+    # (body 2 is pole_1; 'zz' is element 8 of the row-major 3x3); angular_vel = qvel[1:].
+    if pole != 2:
+        return None
+    if task._sparse:  # pylint: disable=protected-access
+        cart_lo, cart_hi = task._CART_RANGE  # pylint: disable=protected-access
+        cos_lo, cos_hi = task._ANGLE_COSINE_RANGE  # pylint: disable=protected-access
+
+        def sparse_reward() -> float:
+            data = physics.data.ptr  # mujoco.MjData, read at each call (physics may reload it)
+            cart_in_bounds = _fast_float(float(data.qpos[slider]), cart_lo, cart_hi, 0.0, "gaussian", None)
+            angle_in_bounds = _fast_float(float(data.xmat[2, 8]), cos_lo, cos_hi, 0.0, "gaussian", None)
+            return cart_in_bounds * angle_in_bounds
+
+        return sparse_reward
+    gaussian = _scale("gaussian", _original_default)
+    quadratic = _scale("quadratic", 0.0)
+    if gaussian is _NOT_HANDLED or quadratic is _NOT_HANDLED:
+        return None
+
+    def smooth_reward() -> float:
+        data = physics.data.ptr
+        upright = (float(data.xmat[2, 8]) + 1) / 2
+        centered = (1 + _fast_float(float(data.qpos[slider]), 0.0, 0.0, 2, "gaussian", gaussian)) / 2
+        small_control = (4 + _fast_float(float(data.ctrl[0]), 0.0, 0.0, 1, "quadratic", quadratic)) / 5
+        small_velocity = (1 + _fast_float(float(data.qvel[1]), 0.0, 0.0, 5, "gaussian", gaussian)) / 2
+        return upright * small_control * small_velocity * centered
+
+    return smooth_reward

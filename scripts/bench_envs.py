@@ -21,6 +21,7 @@ Usage::
     MUJOCO_GL=egl python scripts/bench_envs.py --presets fast --fast-repeat both --repeats 3
     MUJOCO_GL=egl python scripts/bench_envs.py --presets fast --fast-reward both --repeats 3
     MUJOCO_GL=egl python scripts/bench_envs.py --presets fast --coarse-shapes both --repeats 3
+    MUJOCO_GL=egl python scripts/bench_envs.py --presets fast --fast-step both --repeats 3
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="dmc coarse shapes under the fast preset (off: the model's tessellation; both: measure each)",
     )
     parser.add_argument(
+        "--fast-step", default="on", choices=["on", "off", "both"],
+        help="dmc fast physics step, with fast repeat (off: dm_control's own Physics.step; both: measure each)",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=1,
         help="runs per configuration, in rounds of one run of each; the best is reported",
     )
@@ -79,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def bench(configs, args) -> list:
     """The best of ``args.repeats`` runs of each ``(env_id, preset, fast_repeat, fast_reward,
-    coarse_shapes)``.
+    coarse_shapes, fast_step)``.
 
     The runs go in rounds, one of each configuration per round, so that a host whose speed
     drifts over minutes slows every configuration alike.
@@ -91,7 +96,8 @@ def bench(configs, args) -> list:
     return [max(r, key=lambda run: run[args.best_by]) for r in runs]
 
 
-def _bench_once(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, coarse_shapes: bool, args) -> dict:
+def _bench_once(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, coarse_shapes: bool, fast_step: bool,
+                args) -> dict:
     import numpy as np  # after the thread limits are set
 
     import envs
@@ -100,7 +106,7 @@ def _bench_once(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, 
     if env_id.startswith("dmc/"):
         kwargs = dict(
             observation=args.observation, fast_repeat=fast_repeat, fast_reward=fast_reward,
-            coarse_shapes=coarse_shapes, size=args.size, render=preset,
+            coarse_shapes=coarse_shapes, fast_step=fast_step, size=args.size, render=preset,
         )
     env = envs.make(env_id, seed=0, action_repeat=args.action_repeat, **kwargs)
     spec = env.action_spec()
@@ -130,6 +136,7 @@ def _bench_once(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, 
         "fast_repeat": fast_repeat if env_id.startswith("dmc/") else None,
         "fast_reward": fast_reward if env_id.startswith("dmc/") else None,
         "coarse_shapes": coarse_shapes if getattr(env, "render_preset", None) == "fast" else None,
+        "fast_step": fast_step if env_id.startswith("dmc/") else None,
         "size": args.size,
         "action_repeat": args.action_repeat,
         "agent_steps": steps,
@@ -155,12 +162,13 @@ def main(argv=None) -> int:
     try:
         choices = {"on": [True], "off": [False], "both": [False, True]}
         configs = [
-            (env_id, preset, fast, fast_reward, coarse)
+            (env_id, preset, fast, fast_reward, coarse, fast_step)
             for env_id in args.tasks
             for preset in args.presets
             for fast in choices[args.fast_repeat]
             for fast_reward in choices[args.fast_reward]
             for coarse in (choices[args.coarse_shapes] if preset != "standard" else [True])  # no effect there
+            for fast_step in choices[args.fast_step]
         ]
         results = bench(configs, args)
         renderer = dmc.renderer_name()
@@ -180,13 +188,14 @@ def main(argv=None) -> int:
     else:
         print(f"renderer: {renderer} (MUJOCO_GL={report['mujoco_gl']}, LP_NUM_THREADS={report['lp_num_threads']})")
         print(
-            f"{'env':28s} {'render':8s} {'observation':12s} {'fast_repeat':11s} {'fast_reward':11s} {'coarse':6s} {'agent steps/s':>14s} "
+            f"{'env':28s} {'render':8s} {'observation':12s} {'fast_repeat':11s} {'fast_reward':11s} {'coarse':6s} {'fast_step':9s} "
+            f"{'agent steps/s':>14s} "
             f"{'control steps/s':>16s} {'steps/cpu-s':>12s} {'steps':>6s}"
         )
         for r in results:
             print(
                 f"{r['env_id']:28s} {str(r['render']):8s} {str(r['observation']):12s} {str(r['fast_repeat']):11s} "
-                f"{str(r['fast_reward']):11s} {str(r['coarse_shapes']):6s} "
+                f"{str(r['fast_reward']):11s} {str(r['coarse_shapes']):6s} {str(r['fast_step']):9s} "
                 f"{r['agent_steps_per_s']:14.1f} "
                 f"{r['control_steps_per_s']:16.1f} {r['agent_steps_per_cpu_s']:12.1f} {r['agent_steps']:6d}"
             )

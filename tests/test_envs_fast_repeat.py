@@ -7,7 +7,7 @@ resetting), and for pixels its own ``dm_control.mujoco.Camera`` rendering with
 ``Camera.render``. Both sides get the same action sequence over full episodes, an explicit
 mid-episode ``reset`` and the auto-reset after ``LAST``; step types, rewards, discounts,
 the ``state`` observation, the full physics state and the pixels must be identical (exact
-equality, no tolerance), and so must the rewards with ``fast_reward=False``; with the default
+equality, no tolerance; the fast physics step included), and so must the rewards with ``fast_reward=False``; with the default
 ``fast_reward=True`` the rewards may differ in the last bits (``envs.fast_rewards``: at most
 :data:`FAST_REWARD_ATOL` here). TensorFlow-free.
 """
@@ -31,6 +31,19 @@ def _uses_fast_repeat(env) -> bool:
             return True
         env = env.env
     return False
+
+
+def _control_repeat(env):
+    while isinstance(env, envs.wrappers.Wrapper):
+        if isinstance(env, dmc._ControlRepeat):  # pylint: disable=protected-access
+            return env
+        env = env.env
+    return None
+
+
+def _uses_fast_step(env) -> bool:
+    repeat = _control_repeat(env)
+    return repeat is not None and repeat._physics_step is not None  # pylint: disable=protected-access
 
 
 def _reference_env(env_id: str, seed: int):
@@ -135,7 +148,7 @@ def _run_side_by_side(
 def test_state_matches_dm_control_loop(env_id, repeat, fast_reward):
     seed = 7
     new_env = envs.make(env_id, seed=seed, action_repeat=repeat, observation="state", fast_reward=fast_reward)
-    assert _uses_fast_repeat(new_env)
+    assert _uses_fast_repeat(new_env) and _uses_fast_step(new_env)  # the defaults, against dm_control's loop
     ref_env = _reference_env(env_id, seed)
     counts = _run_side_by_side(
         new_env, ref_env, repeat, _actions(ref_env, 97, seed), state=True,
@@ -217,3 +230,45 @@ def test_fast_repeat_false_is_the_same(repeat):
         a, b = fast.step(action), slow.step(action)
     with pytest.raises(envs.EnvError, match="fast_repeat"):
         envs.make("dmc/cartpole-swingup", fast_repeat="yes", observation="state")
+
+
+def test_fast_step_false_is_the_same_and_bad_values_are_refused():
+    kwargs = dict(seed=5, action_repeat=4, size=24, render="fast", observation="pixels_state")
+    fast = envs.make("dmc/walker-walk", **kwargs)
+    slow = envs.make("dmc/walker-walk", fast_step=False, **kwargs)
+    assert _uses_fast_step(fast) and not _uses_fast_step(slow) and _uses_fast_repeat(slow)
+    a, b = fast.reset(), slow.reset()
+    for i, action in enumerate(_actions(fast, 300, 1)):
+        assert a.step_type == b.step_type and a.reward == b.reward and a.discount == b.discount, i
+        np.testing.assert_array_equal(a.observation["state"], b.observation["state"])
+        np.testing.assert_array_equal(a.observation["pixels"], b.observation["pixels"])
+        np.testing.assert_array_equal(fast.physics.get_state(), slow.physics.get_state())
+        a, b = fast.step(action), slow.step(action)
+    fast.close()
+    slow.close()
+    with pytest.raises(envs.EnvError, match="fast_step must be true or false"):
+        envs.make("dmc/cartpole-swingup", fast_step="yes", observation="state")
+
+
+@pytest.mark.parametrize("fast_step", [True, False])
+def test_invalid_physics_raises_as_dm_control_does(fast_step, caplog):
+    from dm_control.rl import control
+
+    env = envs.make("dmc/cartpole-swingup", seed=0, observation="state", fast_step=fast_step)
+    assert _uses_fast_step(env) == fast_step
+    zero = np.zeros(env.action_spec().shape, env.action_spec().dtype)
+    physics = env.physics
+    env.reset()
+    physics.data.qvel[:] = np.nan
+    with pytest.raises(control.PhysicsError, match=r"^Physics state is invalid. Warning\(s\) raised: mjWARN_BADQVEL$"):
+        env.step(zero)
+    # Inside suppress_physics_errors the step goes on (MuJoCo reset the state) and says why.
+    env.reset()
+    caplog.clear()
+    with physics.suppress_physics_errors(), caplog.at_level("WARNING"):
+        physics.data.qvel[:] = np.nan
+        timestep = env.step(zero)
+    assert timestep.mid() and np.isfinite(timestep.observation["state"]).all()
+    if fast_step:  # dm_control's own step logs through absl, which pytest may not capture
+        assert "Warning(s) raised: mjWARN_BADQVEL" in caplog.text
+    env.close()

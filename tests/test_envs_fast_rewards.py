@@ -5,7 +5,9 @@ on and outside the bounds, huge, infinite, NaN) as a float, a NumPy float64, a 0
 array: the fast path gives the original's type and shape, the same NaNs, values within 1e-15,
 and the same bits where no transcendental function is involved. Inputs it does not handle go
 to the original, and so do calls outside the scope; bad arguments raise the original's errors.
-The dmc envs take the fast path only with ``fast_reward=True``. TensorFlow-free.
+The dmc envs take the fast path only with ``fast_reward=True``. Cartpole's one-pole rewards
+computed directly (``task_reward``) equal ``get_reward``'s bit for bit over states across and
+beyond their bounds, and stand aside for a reward method replaced by other code. TensorFlow-free.
 """
 
 from __future__ import annotations
@@ -156,8 +158,9 @@ def test_bad_arguments_raise_dm_controls_errors(kwargs, match):
 
 
 def _reward_scope_seen(fast_reward: bool) -> set:
-    """Whether the fast path was on at each tolerance call of a cartpole env's steps."""
-    env = envs.make("dmc/cartpole-swingup", seed=0, observation="state", fast_reward=fast_reward)
+    """Whether the fast path was on at each tolerance call of a cartpole env's steps (two
+    poles: a task whose reward is not computed directly, so it calls tolerance)."""
+    env = envs.make("dmc/cartpole-two_poles", seed=0, observation="state", fast_reward=fast_reward)
     seen = set()
     real = rewards.tolerance
     try:
@@ -186,4 +189,74 @@ def test_scope_is_left_when_a_step_raises():
     with pytest.raises(ZeroDivisionError):
         env.step(np.zeros(env.action_spec().shape, env.action_spec().dtype))
     assert not fast_rewards.active()
+    env.close()
+
+
+# ----------------------------------------------------------------------------- task_reward
+
+CARTPOLE_ONE_POLE = ["dmc/cartpole-swingup", "dmc/cartpole-balance", "dmc/cartpole-swingup_sparse",
+                     "dmc/cartpole-balance_sparse"]
+
+
+def _set_random_state(physics, rng, near: bool) -> None:
+    """A cartpole state anywhere (``near=False``) or near the sparse rewards' bounds (cart within
+    0.4 of the centre, pole within 0.15 rad of upright), and a control in and beyond [-1, 1]."""
+    with physics.reset_context():
+        if near:
+            physics.data.qpos[:] = rng.uniform([-0.4, -0.15], [0.4, 0.15])
+        else:
+            physics.data.qpos[:] = rng.uniform([-3.0, -np.pi], [3.0, np.pi])
+        physics.data.qvel[:] = rng.normal(0.0, [2.0, 8.0])
+    physics.data.ctrl[:] = rng.uniform(-1.5, 1.5)
+
+
+@pytest.mark.parametrize("env_id", CARTPOLE_ONE_POLE)
+def test_cartpole_reward_computed_directly_is_get_rewards_value(env_id):
+    env = envs.make(env_id, seed=0, observation="state")
+    task, physics = env.unwrapped.task, env.unwrapped.physics
+    direct = fast_rewards.task_reward(task, physics)
+    assert direct is not None and direct.applies()
+    rng = np.random.default_rng(0)
+    values = set()
+    for i in range(600):
+        _set_random_state(physics, rng, near=i % 2 == 0)
+        with fast_rewards.scope:
+            expected = task.get_reward(physics)
+        got = direct()
+        assert type(got) is float
+        assert got == expected, (i, got, expected)  # the fast path's value, bit for bit
+        assert abs(got - task.get_reward(physics)) <= 1e-15  # outside the scope: dm_control's own
+        values.add(got)
+    if env_id.endswith("_sparse"):
+        assert values == {0.0, 1.0}
+    else:
+        assert len(values) > 500 and min(values) >= 0.0 and max(values) <= 1.0
+    env.close()
+
+
+def test_direct_reward_stands_aside_for_replaced_methods(monkeypatch):
+    from dm_control.suite import cartpole
+
+    for env_id in ("dmc/cartpole-two_poles", "dmc/walker-walk"):
+        env = envs.make(env_id, seed=0, observation="state")
+        assert fast_rewards.task_reward(env.unwrapped.task, env.unwrapped.physics) is None, env_id
+        env.close()
+
+    env = envs.make("dmc/cartpole-swingup", seed=0, observation="state", action_repeat=4)
+    task, physics = env.unwrapped.task, env.unwrapped.physics
+    built = fast_rewards.task_reward(task, physics)
+    assert built is not None
+    zero = np.zeros(env.action_spec().shape, env.action_spec().dtype)
+    env.reset()
+    # A reward replaced on the instance after the env was made: the env's steps use it.
+    task.get_reward = lambda physics: 0.25
+    assert not built.applies() and fast_rewards.task_reward(task, physics) is None
+    assert env.step(zero).reward == 1.0  # 4 control steps of 0.25
+    del task.get_reward
+    assert built.applies()
+    # A physics method replaced on the class by other code.
+    monkeypatch.setattr(cartpole.Physics, "cart_position", lambda self: 0.0)
+    assert not built.applies() and fast_rewards.task_reward(task, physics) is None
+    monkeypatch.undo()
+    assert built.applies()
     env.close()
