@@ -214,28 +214,38 @@ def task_reward(task: Any, physics: Any) -> Optional[TaskReward]:
     """The task's reward computed directly, for the tasks it knows, or ``None`` (the caller
     then calls ``task.get_reward``).
 
-    Known: cartpole's ``Balance`` task with one pole (``balance``, ``balance_sparse``,
-    ``swingup``, ``swingup_sparse``). Its ``get_reward`` reads the state through dm_control's
-    named indexing and runs about ten NumPy operations on one-element arrays per control step;
-    the function returned here reads the same values from ``physics.data`` by index and does the
-    same arithmetic on Python floats in the same order, with :func:`tolerance`'s fast path for
-    each ``rewards.tolerance``: the value equals ``task.get_reward(physics)`` inside
-    :data:`scope` bit for bit (``tests/test_envs_fast_rewards.py``), and dm_control's to within
-    1e-15 as :func:`tolerance` does. Needs :func:`install` (for dm_control's default
-    ``value_at_margin``). The state is read when the function is called, so it stays valid
-    across resets; a physics reloaded with another model needs a new one. Not for a task or
-    physics whose reward methods were replaced by other code (see :meth:`TaskReward.applies`).
+    Known: cartpole's ``Balance`` with one pole (``balance``, ``balance_sparse``, ``swingup``,
+    ``swingup_sparse``), walker's ``PlanarWalker`` (``stand``, ``walk``, ``run``) and cheetah's
+    ``Cheetah`` (``run``). Their ``get_reward`` reads the state through dm_control's named
+    indexing and runs NumPy operations on one-element arrays, tens of microseconds per control
+    step on a slow host; the function returned here reads the same values from
+    ``physics.data`` by index and does the same arithmetic on Python floats in the same order,
+    with :func:`tolerance`'s fast path for each ``rewards.tolerance``: the value equals
+    ``task.get_reward(physics)`` inside :data:`scope` bit for bit
+    (``tests/test_envs_fast_rewards.py``), and dm_control's to within 1e-15 as :func:`tolerance`
+    does. Needs :func:`install` (for dm_control's default ``value_at_margin``). The state is
+    read when the function is called, so it stays valid across resets; a physics reloaded with
+    another model needs a new one. Not for a task or physics whose reward methods were replaced
+    by other code (see :meth:`TaskReward.applies`).
     """
-    from dm_control.suite import cartpole  # pylint: disable=import-outside-toplevel
+    from dm_control.suite import cartpole, cheetah, walker  # pylint: disable=import-outside-toplevel
 
-    if type(task) is not cartpole.Balance or type(physics) is not cartpole.Physics:
+    known = {
+        (cartpole.Balance, cartpole.Physics): (
+            ("get_reward", "_get_reward"), ("cart_position", "pole_angle_cosine", "angular_vel", "control"),
+            _cartpole_reward),
+        (walker.PlanarWalker, walker.Physics): (
+            ("get_reward",), ("torso_height", "torso_upright", "horizontal_velocity"), _walker_reward),
+        (cheetah.Cheetah, cheetah.Physics): (("get_reward",), ("speed",), _cheetah_reward),
+    }
+    entry = known.get((type(task), type(physics)))
+    if entry is None:
         return None
-    methods = _dm_control_methods(
-        task, ("get_reward", "_get_reward"), physics, ("cart_position", "pole_angle_cosine", "angular_vel", "control")
-    )
+    task_methods, physics_methods, build = entry
+    methods = _dm_control_methods(task, task_methods, physics, physics_methods)
     if methods is None:
         return None
-    compute = _cartpole_reward(task, physics)
+    compute = build(task, physics)
     return None if compute is None else TaskReward(compute, methods)
 
 
@@ -289,3 +299,56 @@ def _cartpole_reward(task: Any, physics: Any) -> Optional[Callable[[], float]]:
         return upright * small_control * small_velocity * centered
 
     return smooth_reward
+
+
+def _sensor_address(model: Any, name: str) -> int:
+    return int(model.sensor_adr[model.name2id(name, "sensor")])
+
+
+def _walker_reward(task: Any, physics: Any) -> Optional[Callable[[], float]]:
+    from dm_control.suite import walker  # pylint: disable=import-outside-toplevel
+
+    model = physics.model
+    # walker.Physics: torso_height = xpos['torso', 'z']; torso_upright = xmat['torso', 'zz'];
+    # horizontal_velocity = sensordata['torso_subtreelinvel'][0].
+    torso = int(model.name2id("torso", "body"))
+    velocity = _sensor_address(model, "torso_subtreelinvel")
+    stand_height = walker._STAND_HEIGHT  # pylint: disable=protected-access
+    move_speed = task._move_speed  # pylint: disable=protected-access
+    stand_margin = stand_height / 2
+    gaussian = _scale("gaussian", _original_default)
+    linear = _scale("linear", 0.5)
+    if gaussian is _NOT_HANDLED or linear is _NOT_HANDLED or type(move_speed) not in _SCALAR_TYPES:
+        return None
+    inf = float("inf")
+    move_margin = move_speed / 2
+
+    def reward() -> float:
+        data = physics.data.ptr
+        standing = _fast_float(float(data.xpos[torso, 2]), stand_height, inf, stand_margin, "gaussian", gaussian)
+        upright = (1 + float(data.xmat[torso, 8])) / 2
+        stand_reward = (3 * standing + upright) / 4
+        if move_speed == 0:
+            return stand_reward
+        move_reward = _fast_float(float(data.sensordata[velocity]), move_speed, inf, move_margin, "linear", linear)
+        return stand_reward * (5 * move_reward + 1) / 6
+
+    return reward
+
+
+def _cheetah_reward(task: Any, physics: Any) -> Optional[Callable[[], float]]:
+    from dm_control.suite import cheetah  # pylint: disable=import-outside-toplevel
+
+    # cheetah.Physics: speed = sensordata['torso_subtreelinvel'][0].
+    velocity = _sensor_address(physics.model, "torso_subtreelinvel")
+    run_speed = cheetah._RUN_SPEED  # pylint: disable=protected-access
+    linear = _scale("linear", 0)
+    if linear is _NOT_HANDLED or type(run_speed) not in _SCALAR_TYPES:
+        return None
+    inf = float("inf")
+
+    def reward() -> float:
+        speed = float(physics.data.ptr.sensordata[velocity])
+        return _fast_float(speed, run_speed, inf, run_speed, "linear", linear)
+
+    return reward

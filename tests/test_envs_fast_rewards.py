@@ -5,9 +5,10 @@ on and outside the bounds, huge, infinite, NaN) as a float, a NumPy float64, a 0
 array: the fast path gives the original's type and shape, the same NaNs, values within 1e-15,
 and the same bits where no transcendental function is involved. Inputs it does not handle go
 to the original, and so do calls outside the scope; bad arguments raise the original's errors.
-The dmc envs take the fast path only with ``fast_reward=True``. Cartpole's one-pole rewards
-computed directly (``task_reward``) equal ``get_reward``'s bit for bit over states across and
-beyond their bounds, and stand aside for a reward method replaced by other code. TensorFlow-free.
+The dmc envs take the fast path only with ``fast_reward=True``. Cartpole's one-pole, walker's
+and cheetah's rewards computed directly (``task_reward``) equal ``get_reward``'s bit for bit
+over states across and beyond their bounds, and stand aside for a reward method replaced by
+other code. TensorFlow-free.
 """
 
 from __future__ import annotations
@@ -196,22 +197,29 @@ def test_scope_is_left_when_a_step_raises():
 
 CARTPOLE_ONE_POLE = ["dmc/cartpole-swingup", "dmc/cartpole-balance", "dmc/cartpole-swingup_sparse",
                      "dmc/cartpole-balance_sparse"]
+DIRECT_REWARDS = CARTPOLE_ONE_POLE + ["dmc/walker-stand", "dmc/walker-walk", "dmc/walker-run", "dmc/cheetah-run"]
 
 
-def _set_random_state(physics, rng, near: bool) -> None:
-    """A cartpole state anywhere (``near=False``) or near the sparse rewards' bounds (cart within
-    0.4 of the centre, pole within 0.15 rad of upright), and a control in and beyond [-1, 1]."""
+def _set_random_state(env_id, physics, rng, near: bool) -> None:
+    """A random state: for cartpole anywhere (``near=False``) or near the sparse rewards'
+    bounds (cart within 0.4 of the centre, pole within 0.15 rad of upright), with a control in
+    and beyond [-1, 1]; for walker and cheetah positions and velocities spread widely enough
+    to cross the height, uprightness and speed bounds."""
     with physics.reset_context():
-        if near:
-            physics.data.qpos[:] = rng.uniform([-0.4, -0.15], [0.4, 0.15])
+        if env_id.startswith("dmc/cartpole"):
+            if near:
+                physics.data.qpos[:] = rng.uniform([-0.4, -0.15], [0.4, 0.15])
+            else:
+                physics.data.qpos[:] = rng.uniform([-3.0, -np.pi], [3.0, np.pi])
+            physics.data.qvel[:] = rng.normal(0.0, [2.0, 8.0])
         else:
-            physics.data.qpos[:] = rng.uniform([-3.0, -np.pi], [3.0, np.pi])
-        physics.data.qvel[:] = rng.normal(0.0, [2.0, 8.0])
-    physics.data.ctrl[:] = rng.uniform(-1.5, 1.5)
+            physics.data.qpos[:] = rng.normal(0.0, 0.3 if near else 1.0, physics.model.nq)
+            physics.data.qvel[:] = rng.normal(0.0, 3.0 if near else 8.0, physics.model.nv)
+    physics.data.ctrl[:] = rng.uniform(-1.5, 1.5, physics.model.nu)
 
 
-@pytest.mark.parametrize("env_id", CARTPOLE_ONE_POLE)
-def test_cartpole_reward_computed_directly_is_get_rewards_value(env_id):
+@pytest.mark.parametrize("env_id", DIRECT_REWARDS)
+def test_reward_computed_directly_is_get_rewards_value(env_id):
     env = envs.make(env_id, seed=0, observation="state")
     task, physics = env.unwrapped.task, env.unwrapped.physics
     direct = fast_rewards.task_reward(task, physics)
@@ -219,7 +227,7 @@ def test_cartpole_reward_computed_directly_is_get_rewards_value(env_id):
     rng = np.random.default_rng(0)
     values = set()
     for i in range(600):
-        _set_random_state(physics, rng, near=i % 2 == 0)
+        _set_random_state(env_id, physics, rng, near=i % 2 == 0)
         with fast_rewards.scope:
             expected = task.get_reward(physics)
         got = direct()
@@ -227,17 +235,20 @@ def test_cartpole_reward_computed_directly_is_get_rewards_value(env_id):
         assert got == expected, (i, got, expected)  # the fast path's value, bit for bit
         assert abs(got - task.get_reward(physics)) <= 1e-15  # outside the scope: dm_control's own
         values.add(got)
+    assert min(values) >= 0.0 and max(values) <= 1.0
     if env_id.endswith("_sparse"):
         assert values == {0.0, 1.0}
+    elif env_id == "dmc/cheetah-run":  # 0 below standstill, 1 from the run speed on, linear between
+        assert {0.0, 1.0} <= values and len(values) > 200
     else:
-        assert len(values) > 500 and min(values) >= 0.0 and max(values) <= 1.0
+        assert len(values) > 500
     env.close()
 
 
 def test_direct_reward_stands_aside_for_replaced_methods(monkeypatch):
     from dm_control.suite import cartpole
 
-    for env_id in ("dmc/cartpole-two_poles", "dmc/walker-walk"):
+    for env_id in ("dmc/cartpole-two_poles", "dmc/ball_in_cup-catch"):
         env = envs.make(env_id, seed=0, observation="state")
         assert fast_rewards.task_reward(env.unwrapped.task, env.unwrapped.physics) is None, env_id
         env.close()
