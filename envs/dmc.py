@@ -75,13 +75,16 @@ uses dm_control's own function and ``get_reward``.
 steps call MuJoCo's ``mj_step2``/``mj_step``/``mj_step1`` as dm_control's ``Physics.step``
 does and check for new MuJoCo warnings as it does (``PhysicsError`` naming them, or a logged
 warning inside ``suppress_physics_errors``), without the context manager and NumPy
-temporaries it runs per call (about 60 us per control step on a slow host, more than
-MuJoCo's step of a small model). States, rewards and pixels are the same bit for bit
-(``tests/test_envs_fast_repeat.py``). A physics class that overrides ``step`` keeps its own.
-Measured (``scripts/bench_envs.py``, one process, same host, alternating): the main job's
-cartpole env (64x64, action repeat 8) 495-557 -> 982-1,210 agent steps per CPU-second with
-this and the direct reward, the benchmark's (84x84, repeat 4) 664-741 -> 1,173-1,479.
-``fast_step=False`` calls ``physics.step``.
+temporaries it runs per call (timed alone on a slow host: a whole control step of cartpole
+25-41 -> 18-24 us, cheetah 45-48 -> 25-26, walker, 10 substeps, 173-260 -> 150-234). States,
+rewards and pixels are the same bit for bit (``tests/test_envs_fast_repeat.py``). A physics
+class that overrides ``step`` keeps its own. Measured with the direct rewards above
+(``scripts/bench_envs.py``, one process, the same host, alternating with the code before): the
+main job's cartpole env (64x64, action repeat 8) 495-557 -> 982-1,210 agent steps per
+CPU-second, the benchmark's (84x84, repeat 4) 664-741 -> 1,173-1,479; the fast step's share,
+alone (``--fast-step both``), 948 -> 1,049 at the main job's setting. In the env's loop, with a
+render between agent steps, the two save more than timed alone (about 125 against 40-70 us per
+control step). ``fast_step=False`` calls ``physics.step``.
 """
 
 from __future__ import annotations
@@ -291,8 +294,8 @@ class _PhysicsStep:
     ``mj_step`` alone with the RK4 integrator; otherwise ``mj_step``), and the same check for
     new MuJoCo warnings afterwards (``PhysicsError`` naming them, or a logged warning inside
     ``suppress_physics_errors``), without the context manager and the NumPy temporaries that
-    ``Physics.step`` runs per call: about 60 us of Python per control step on a slow host, more
-    than MuJoCo's own step of a small model. The state after each call is the same bit for bit
+    ``Physics.step`` runs per call (7-20 us per control step on a slow host, a third to a half
+    of a small model's whole step). The state after each call is the same bit for bit
     (``tests/test_envs_fast_repeat.py``)."""
 
     def __init__(self, physics: Any):
