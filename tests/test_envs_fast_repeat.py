@@ -250,6 +250,7 @@ def test_fast_step_false_is_the_same_and_bad_values_are_refused():
         envs.make("dmc/cartpole-swingup", fast_step="yes", observation="state")
 
 
+@pytest.mark.filterwarnings("ignore:The 'warn' function is deprecated:DeprecationWarning")  # dm_control's logging.warn
 @pytest.mark.parametrize("fast_step", [True, False])
 def test_invalid_physics_raises_as_dm_control_does(fast_step, caplog):
     from dm_control.rl import control
