@@ -68,8 +68,9 @@ bit); everything else is untouched. For cartpole's one-pole tasks, walker's and 
 whole reward is computed directly (``envs.fast_rewards.task_reward``: the state read by index
 instead of through dm_control's named indexing, the same arithmetic on floats; the same value
 bit for bit as ``get_reward`` with the fast ``tolerance``; per control step on a slow host
-cartpole about 40 -> 2-4 us, walker 22-24 -> 4), unless a reward method was replaced. ``fast_reward=False`` (or ``fast_repeat=False``)
-uses dm_control's own function and ``get_reward``.
+cartpole about 40 -> 2-4 us, walker 22-24 -> 4), unless a reward method was replaced.
+``fast_reward=False`` (or ``fast_repeat=False``) uses dm_control's own function and
+``get_reward``.
 
 **Fast physics step** (``fast_step=True``, the default, with ``fast_repeat``): the control
 steps call MuJoCo's ``mj_step2``/``mj_step``/``mj_step1`` as dm_control's ``Physics.step``
@@ -327,12 +328,14 @@ class _PhysicsStep:
             self._new_warnings(before, after)
 
     def _new_warnings(self, before: List[int], after: List[int]) -> None:
+        from dm_control.mujoco import engine  # pylint: disable=import-outside-toplevel
         from dm_control.rl import control  # pylint: disable=import-outside-toplevel
 
         names = [name for name, b, a in zip(self._warning_names, before, after) if a > b]
         if not names:
             return
-        message = "Physics state is invalid. Warning(s) raised: " + ", ".join(names)
+        # dm_control's own sentence (engine.Physics.check_invalid_state).
+        message = engine._INVALID_PHYSICS_STATE.format(warning_names=", ".join(names))  # pylint: disable=protected-access
         if self._physics._warnings_cause_exception:  # pylint: disable=protected-access
             raise control.PhysicsError(message)
         log.warning(message)

@@ -733,13 +733,14 @@ def test_scripts_have_no_import_time_side_effects():
 # ----------------------------------------------------------------------------- bench_envs.py
 
 
-def test_bench_envs_measures_each_setting_of_coarse_shapes():
+@pytest.mark.parametrize("flag,key", [("--coarse-shapes", "coarse_shapes"), ("--fast-step", "fast_step")])
+def test_bench_envs_measures_each_setting_of_an_env_option(flag, key):
     cmd = [sys.executable, str(SCRIPTS / "bench_envs.py"), "--tasks", "dmc/cartpole-swingup", "--presets", "fast",
-           "--coarse-shapes", "both", "--size", "32", "--steps", "8", "--seconds", "2", "--json"]
+           flag, "both", "--size", "32", "--steps", "8", "--seconds", "2", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(SCRIPTS.parent))
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout)["results"]
-    assert [r["coarse_shapes"] for r in results] == [False, True]
+    assert [r[key] for r in results] == [False, True]
     assert all(r["render"] == "fast" and r["agent_steps"] == 8 and r["agent_steps_per_cpu_s"] > 0 for r in results)
 
 
