@@ -81,7 +81,7 @@ temporaries it runs per call (timed alone on a slow host: a whole control step o
 rewards and pixels are the same bit for bit (``tests/test_envs_fast_repeat.py``). A physics
 class that overrides ``step`` keeps its own. Measured with the direct rewards above
 (``scripts/bench_envs.py``, one process, the same host, alternating with the code before): the
-main job's cartpole env (64x64, action repeat 8) 495-557 -> 982-1,210 agent steps per
+main job's cartpole env (64x64, action repeat 8) 496-557 -> 985-1,213 agent steps per
 CPU-second, the benchmark's (84x84, repeat 4) 664-741 -> 1,173-1,479; the fast step's share,
 alone (``--fast-step both``), 948 -> 1,049 at the main job's setting. In the env's loop, with a
 render between agent steps, the two save more than timed alone (about 125 against 40-70 us per
