@@ -225,9 +225,10 @@ def resolve_auto_learner(config, list_devices=None):
 def main(argv=None) -> int:
     from impala_rep.plan import PlanError, available_cores, plan_actors, unroll_memory
     from impala_rep.probe import probe_env
-    from learner.run import configure_logging, configure_threads
+    from learner.run import configure_logging, configure_tensorflow_env, configure_threads
 
     configure_logging()
+    configure_tensorflow_env()  # the learner runs in this process
     parser = build_parser()
     args = parser.parse_args(argv)
     from impala_rep.flags import config_from_args, ignored_flags

@@ -122,15 +122,19 @@ def probe_learner_cost(config: RunConfig, env_spec: EnvSpec, timeout: float = PR
 
 
 def _main() -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from learner.run import configure_tensorflow_env, configure_threads
+
+    configure_tensorflow_env()  # as the learner runs
     request = json.loads(sys.stdin.read())
     config = RunConfig.from_json(request["config"])
     env_spec = EnvSpec.from_json(request["spec"])
-    from learner.run import configure_threads
 
     configure_threads(1)
     try:
         result = time_learner_step(config, env_spec)
+        from learner.run import tensorflow_cpu_memory
+
+        result["cpu_memory"] = tensorflow_cpu_memory()
     except Exception as exc:  # noqa: BLE001 (reported to the launcher, which falls back)
         result = {"error": f"could not time the learner step: {type(exc).__name__}: {exc}"}
     print(json.dumps(result), flush=True)

@@ -704,6 +704,38 @@ def configure_threads(learner_threads: Optional[int], cpu_replicas: int = 1) -> 
         tf.config.threading.set_inter_op_parallelism_threads(replicas if replicas > 1 else min(2, learner_threads))
 
 
+# TensorFlow's environment in a process that runs the learner step, set by its entry points
+# (the launcher, learner.run, the launcher's cost probe, scripts/bench_learner.py) before
+# TensorFlow loads; a value already in the environment stays. TF_CPU_ALLOCATOR_USE_BFC: the
+# step's CPU tensors come from TensorFlow's best-fit-with-coalescing pool, which keeps freed
+# memory for the next step. Without it they come from malloc, which hands the step's large
+# buffers back to the kernel and takes them again, zeroed page by page: a live synthetic run's
+# learner took 30-43 page faults per agent step (0.3-0.4 with the pool), and the step on one
+# replica and thread at batch 32 ran 842-951 frames/s against 1,010-1,277 with the pool, two
+# CPU replicas 1,409-1,651 against 1,654-1,743 (forty-seventh session, docs/BENCHMARKS.md).
+# TF_CPU_ALLOCATOR_USE_BFC=false restores malloc.
+LEARNER_TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CPU_ALLOCATOR_USE_BFC": "true"}
+
+
+def configure_tensorflow_env() -> None:
+    """Sets :data:`LEARNER_TF_ENV` where this process's environment leaves it unset (entry
+    points only, before TensorFlow loads: it reads them once)."""
+    for name, value in LEARNER_TF_ENV.items():
+        os.environ.setdefault(name, value)
+
+
+def tensorflow_cpu_memory() -> str:
+    """Where this process's TensorFlow takes CPU tensors from: ``"pool"`` (its allocator keeps
+    freed memory, :data:`LEARNER_TF_ENV`) or ``"malloc"``. Loads TensorFlow."""
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.get_memory_info("CPU:0")  # only a pooling allocator keeps stats
+    except ValueError:
+        return "malloc"
+    return "pool"
+
+
 def configure_logging() -> None:
     configure_base_logging()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -911,6 +943,9 @@ def start_trainer(config: RunConfig, env_spec: EnvSpec):
     except (ReplicatorError, ValueError) as exc:
         print(f"error: {in_flag_terms(str(exc))}", file=sys.stderr)
         return None, stop
+    if config.learner == "cpu":
+        log.info("TensorFlow's CPU tensors come from %s", "its pool" if tensorflow_cpu_memory() == "pool"
+                 else "malloc (TF_CPU_ALLOCATOR_USE_BFC is not true: each step's large buffers are faulted in again)")
     from learner.intake import IntakeError  # TensorFlow-free
 
     try:
@@ -927,6 +962,7 @@ def main(argv=None) -> int:
     from impala_rep.probe import probe_env_spec
 
     configure_logging()
+    configure_tensorflow_env()
     parser = CommandLineParser(
         prog="python -m learner.run",
         description="Run the learner alone; start actors elsewhere with python -m actors.run --learner-address HOST:PORT.",

@@ -31,7 +31,7 @@ def run_one(args) -> dict:
 
     import numpy as np
 
-    from learner.run import configure_threads
+    from learner.run import configure_threads, tensorflow_cpu_memory
 
     # Thread pools must be sized before TensorFlow initialises (make_replicator does), as the
     # launcher sizes them: CPU replicas split the threads and run side by side.
@@ -88,6 +88,7 @@ def run_one(args) -> dict:
         "first_step_s": round(compile_s, 2),
         "get_params_ms": round(snapshot_ms, 2),
         "num_params": int(sum(v.shape.num_elements() for v in learner.network.trainable_variables)),
+        "cpu_memory": tensorflow_cpu_memory(),
     }
 
 
@@ -132,6 +133,10 @@ def main(argv=None) -> int:
         parser.error("--replicas must be positive.")
 
     if args.child:
+        sys.path.insert(0, str(REPO))
+        from learner.run import configure_tensorflow_env
+
+        configure_tensorflow_env()  # as the learner runs
         print("RESULT " + json.dumps(run_one(args)), flush=True)
         return 0
 

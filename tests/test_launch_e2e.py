@@ -50,6 +50,7 @@ def test_catch_is_learned_then_evaluated_then_resumed(tmp_path):
     plan = re.search(r"plan: 4 actors in (\d+) process\(es\) .*\(the cores the learner's share of the work "
                      r"leaves, rounded up, are (\d+)\)", proc.stderr)
     assert plan and plan.group(1) == plan.group(2), proc.stderr[-3000:]
+    assert "TensorFlow's CPU tensors come from its pool" in proc.stderr, proc.stderr[-3000:]
     started = [n for n in os.listdir(os.path.join(logdir, "actors")) if re.fullmatch(r"actor-\d+\.log", n)]
     assert len(started) == int(plan.group(1)), started
     records = metrics(logdir)

@@ -1,5 +1,7 @@
 """The learner-step probe (learner.probe): what the launcher sizes a CPU learner's threads by."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -60,6 +62,7 @@ def test_probe_runs_in_a_subprocess_and_reports_failures_as_sentences(catch_spec
     result = probe_learner_cost(config, catch_spec)
     assert "error" not in result, result
     assert result["steps"] >= 2 and result["agent_steps_per_step"] == 20 and result["seconds_per_step"] > 0
+    assert result["cpu_memory"] == "pool", result  # timed as the learner runs: LEARNER_TF_ENV
     broken = probe_learner_cost(RunConfig(env="catch", network={"torso": "no-such-torso"}), catch_spec)
     assert broken["error"].startswith("could not time the learner step: "), broken
     assert "no-such-torso" in broken["error"]
@@ -75,3 +78,19 @@ def test_probe_output_that_is_not_a_result_is_a_sentence(catch_spec, monkeypatch
         monkeypatch.setattr(subprocess, "run", lambda *a, out=stdout, **k: subprocess.CompletedProcess(a, 0, out, ""))
         result = probe_learner_cost(config, catch_spec)
         assert result == {"error": f"timing the learner step printed no result, but: {stdout.strip()}"}
+
+
+def test_the_learners_tensorflow_env_is_set_where_unset_and_a_users_value_stays(catch_spec, monkeypatch):
+    from learner.run import LEARNER_TF_ENV, configure_tensorflow_env
+
+    monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    configure_tensorflow_env()
+    assert os.environ["TF_CPU_ALLOCATOR_USE_BFC"] == LEARNER_TF_ENV["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"
+    # The opt-out reaches the learner step: TensorFlow then takes its CPU tensors from malloc.
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "false")
+    configure_tensorflow_env()
+    assert os.environ["TF_CPU_ALLOCATOR_USE_BFC"] == "false"
+    result = probe_learner_cost(RunConfig(env="catch", unroll_length=5, batch_size=4), catch_spec)
+    assert result["cpu_memory"] == "malloc", result
