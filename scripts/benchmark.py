@@ -474,7 +474,8 @@ def measure_learner(seconds: float, timeout: float, obs_shape: Sequence[int], fr
     return {"agent_steps_per_s": result["frames_per_s"], "step_ms": result["step_ms"], "steps": result["steps"],
             "threads": 1, "batch": batch_size, "obs_shape": list(obs_shape), "frame_stack": frame_stack,
             "action_dims": action_dims,
-            "precision": precision, "note": "frames = T x B transitions per learner step = agent steps trained on"}
+            "precision": precision, "cpu_memory": result.get("cpu_memory"),
+            "note": "frames = T x B transitions per learner step = agent steps trained on"}
 
 
 # --------------------------------------------------------------------------- end to end

@@ -239,11 +239,13 @@ def test_measure_learner_records_the_batch_it_trained_on(monkeypatch):
     def run(cmd, **kwargs):
         seen.append(cmd)
         return types.SimpleNamespace(returncode=0, stderr="",
-                                     stdout=json.dumps([{"frames_per_s": 1200.0, "step_ms": 266.0, "steps": 9}]))
+                                     stdout=json.dumps([{"frames_per_s": 1200.0, "step_ms": 266.0, "steps": 9,
+                                                         "cpu_memory": "pool"}]))
 
     monkeypatch.setattr(subprocess, "run", run)
     out = bench.measure_learner(5, 60, [84, 84, 3], 3, 1, "float32", 16)
     assert out["agent_steps_per_s"] == 1200.0 and out["batch"] == 16
+    assert out["cpu_memory"] == "pool"  # where the piece's TensorFlow took its CPU tensors from
     assert seen[0][seen[0].index("--batch-size") + 1] == "16"
     assert bench.measure_learner(5, 60, [84, 84, 3], 3, 1)["batch"] == 32
 
