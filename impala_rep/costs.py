@@ -65,9 +65,15 @@ def learner_threads(cores: int, env_seconds: float, forward_seconds: float,
 
 
 # An actor process runs its envs and its policy on one thread, so the actors' share of the
-# cores, rounded up, is the processes they need; more only time-share the same cores. Round
-# up unless the share passes a whole number by less than this much of a core.
-_PROCESS_SLACK = 0.1
+# cores, rounded up, is the processes they need; more only time-share the same cores. Any share
+# past a whole core rounds up: the share comes from the pieces timed alone, and live actors cost
+# more than that (pixel cartpole on 2 Zen 3 cores, forty-seventh session: the env, the policy
+# and the actors' own work 0.24-0.27 ms per agent step over their pieces' 1.07), so an actors'
+# share of 1.08 is more than one process's core. Rounded down as it was (a tenth of a core of
+# slack), it left one process of 32 envs: the machine 1.70 cores busy, 0.711 of the ceiling,
+# against 0.841-0.852 with 2 processes at shares of 1.13-1.14 (and 0.816 against 0.819 at 1.02-1.04
+# in the forty-sixth session: level there).
+_PROCESS_SLACK = 0.0
 
 
 def actor_processes(cores: int, actors: int, env_seconds: float, forward_seconds: float,

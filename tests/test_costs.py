@@ -72,9 +72,12 @@ def test_actor_processes_fill_the_cores_the_learner_leaves():
     assert actor_processes(16, 3, 1e-3, 1e-4, 1e-4) == 3
     assert actor_processes(4, 64, 1.0, 1e-4, 1e-4) == 4
     assert actor_processes(1, 8, 0.0, 1e-4, 1.0) == 1
-    # A share just past a whole number (here 1.05 cores) does not earn a process of its own.
+    # A share just past a whole number (here 1.05 cores) earns a process of its own (live actors
+    # cost more than their pieces: one process left 0.3 of 2 cores idle at 1.08); one just
+    # under it (0.95) does not.
     env = 1e-3
-    assert actor_processes(2, 32, env, 0.0, env * 0.95 / 1.05) == 1
+    assert actor_processes(2, 32, env, 0.0, env * 0.95 / 1.05) == 2
+    assert actor_processes(2, 32, env, 0.0, env * 1.05 / 0.95) == 1
     assert actor_processes(2, 32, env, 0.0, env * 0.8 / 1.2) == 2
 
 
