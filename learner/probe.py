@@ -122,7 +122,7 @@ def probe_learner_cost(config: RunConfig, env_spec: EnvSpec, timeout: float = PR
 
 
 def _main() -> int:
-    from learner.run import configure_tensorflow_env, configure_threads
+    from learner.run import configure_tensorflow_env, configure_threads, tensorflow_cpu_memory
 
     configure_tensorflow_env()  # as the learner runs
     request = json.loads(sys.stdin.read())
@@ -132,8 +132,6 @@ def _main() -> int:
     configure_threads(1)
     try:
         result = time_learner_step(config, env_spec)
-        from learner.run import tensorflow_cpu_memory
-
         result["cpu_memory"] = tensorflow_cpu_memory()
     except Exception as exc:  # noqa: BLE001 (reported to the launcher, which falls back)
         result = {"error": f"could not time the learner step: {type(exc).__name__}: {exc}"}

@@ -737,8 +737,7 @@ def tensorflow_cpu_memory() -> str:
 
 
 def configure_logging() -> None:
-    configure_base_logging()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    configure_base_logging()  # TensorFlow's own log level: LEARNER_TF_ENV
 
 
 def install_stop_handlers(stop: threading.Event) -> None:

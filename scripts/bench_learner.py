@@ -26,7 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_one(args) -> dict:
-    sys.path.insert(0, str(REPO))
     from impala_rep.replicator import make_replicator
 
     import numpy as np

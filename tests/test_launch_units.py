@@ -586,6 +586,7 @@ def _stub_launcher(monkeypatch, learner_seconds: float) -> list:
     monkeypatch.setattr(launch, "time_learner",
                         lambda config, spec, c: c.update(learner={"seconds_per_step": learner_seconds}))
     monkeypatch.setattr(learner.run, "configure_logging", lambda: None)
+    monkeypatch.setattr(learner.run, "configure_tensorflow_env", lambda: None)  # keeps this process's environment
     monkeypatch.setattr(learner.run, "configure_threads", lambda threads, replicas: None)
     monkeypatch.setattr(learner.run, "start_trainer", lambda config, spec: (started.append(config), (None, None))[1])
     return started

@@ -195,6 +195,7 @@ def test_the_short_launch_of_a_first_run_records_its_steps(tmp_path):
 def test_the_learner_alone_refuses_buffers_this_host_cannot_hold(tmp_path, monkeypatch, capsys):
     # learner.run has no actors to plan, but its queue and replay buffer are its own to fit.
     monkeypatch.setattr(learner.run, "configure_logging", lambda: None)
+    monkeypatch.setattr(learner.run, "configure_tensorflow_env", lambda: None)  # keeps this process's environment
     started = []
     monkeypatch.setattr(learner.run, "start_trainer", lambda config, spec: (started.append(config), (None, None))[1])
     with pytest.raises(SystemExit) as exit_:
