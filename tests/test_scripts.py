@@ -535,6 +535,21 @@ def test_bench_learner_input_flag_errors_are_sentences(argv, message, capsys):
     assert "tensorflow" not in sys.modules
 
 
+def test_bench_learner_times_the_step_on_the_learners_memory_pool():
+    # The learner piece runs the step as the launcher's learner does: TensorFlow's CPU tensors
+    # from its pool (learner.run.LEARNER_TF_ENV), unless the caller's environment says otherwise.
+    cmd = [sys.executable, str(SCRIPTS / "bench_learner.py"), "--torso", "shallow", "--replicas", "1",
+           "--batch-size", "2", "--unroll-length", "4", "--obs-shape", "32", "32", "3", "--min-steps", "1",
+           "--max-steps", "2", "--warmup-steps", "0", "--seconds", "1", "--json"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
+    for setting, expected in ((None, "pool"), ("false", "malloc")):
+        run_env = env if setting is None else dict(env, TF_CPU_ALLOCATOR_USE_BFC=setting)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=run_env, cwd=str(SCRIPTS.parent))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        (result,) = json.loads(proc.stdout)
+        assert result["cpu_memory"] == expected and result["frames_per_s"] > 0, result
+
+
 def test_descendants_finds_a_started_child():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
