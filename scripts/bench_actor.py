@@ -13,6 +13,15 @@ benchmark's ceiling counts: the envs alone (random actions) and the inference al
 (``step_frames`` and ``sample_np`` on the same batch). ``overhead`` is the loop's CPU per agent step beyond those two: frame prefixes,
 unroll assembly, encoding, parameter refreshes and Python bookkeeping.
 
+Alternation (``--alternation``). An actor process runs its env steps and its policy in turn on
+one thread, while the ceiling's pieces run each back to back. This also times each part right
+after the other part and right after itself, the four conditions in turn call by call (so that a
+drifting host touches them alike); ``alternation`` is what running in turn adds per agent step:
+(env after inference - env after env) + (inference after env - inference after inference). On
+the forty-eighth session's Zen 3 host, cartpole at 16 envs: the env +0.048-0.050 ms per agent
+step after the policy (as much as after 16 MB of other writes: the policy's working set evicts
+the envs' data), the policy +0.020-0.027 after the env (``docs/BENCHMARKS.md``).
+
 Page faults. Each part's minor page faults per agent step are reported beside its CPU. By
 default (``--malloc reuse``) this process's glibc keeps freed memory mapped for reuse, the
 steady state of a live actor process: in the twenty-ninth session's launcher runs (synthetic,
@@ -31,6 +40,7 @@ give the same figures.
 
     .venv/bin/python scripts/bench_actor.py --workload synthetic --envs 16 --seconds 10
     .venv/bin/python scripts/bench_actor.py --workload dmc/cartpole-swingup --envs 16 --refresh --json
+    .venv/bin/python scripts/bench_actor.py --workload dmc/cartpole-swingup --envs 16 --alternation --seconds 60
 """
 
 from __future__ import annotations
@@ -87,8 +97,26 @@ def _cpu_per_step(run, seconds: float, steps_per_call: int, prepare=None):
     return 1e3 * spent / (calls * steps_per_call), calls, faults
 
 
+# The conditions --alternation times: (the part timed, the part run untimed just before it).
+ALTERNATION = (("env", "env"), ("env", "inference"), ("inference", "inference"), ("inference", "env"))
+
+
+def _alternate(parts, seconds: float, totals) -> None:
+    """Adds to ``totals[(timed, before)] = [CPU s, calls]`` for ``seconds``, in whole turns: the
+    :data:`ALTERNATION` conditions in turn, one timed call each, ``parts[name]()`` the calls."""
+    wall0, i = time.perf_counter(), 0
+    while i % len(ALTERNATION) or i == 0 or time.perf_counter() - wall0 < seconds:
+        timed, before = ALTERNATION[i % len(ALTERNATION)]
+        parts[before]()
+        cpu0 = time.process_time()
+        parts[timed]()
+        totals[(timed, before)][0] += time.process_time() - cpu0
+        totals[(timed, before)][1] += 1
+        i += 1
+
+
 def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, refresh: bool = False,
-            seed: int = 0, evict_mb: float = 0.0):
+            seed: int = 0, evict_mb: float = 0.0, alternation: bool = False):
     import numpy as np
 
     import envs as envs_lib
@@ -149,6 +177,12 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
         parts.append(("inference_evicted", infer, 0.2, lambda: np.add(evict, 1.0, out=evict)))
     # The parts in turn, a few rounds, so that a drifting machine affects them alike. Only
     # the loop steps the actor, so its stats' span is the loop's own accounting.
+    alternation_share = 0.0
+    if alternation:
+        # Its calls run untimed half the time, so it gets as much wall-clock time as the loop.
+        alternation_share = 0.4
+        parts = [(name, run, share * (1 - alternation_share), prepare) for name, run, share, prepare in parts]
+    alternated = {key: [0.0, 0] for key in ALTERNATION}
     totals = {name: [0.0, 0, 0] for name, _, _, _ in parts}
     stats_before = actor.stats.snapshot()
     rounds = 3
@@ -158,6 +192,8 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
             totals[name][0] += ms * calls
             totals[name][1] += calls
             totals[name][2] += faults
+        if alternation:
+            _alternate({"env": step_envs, "inference": infer}, seconds * alternation_share / rounds, alternated)
     stats_after = actor.stats.snapshot()
     loop_steps = stats_after[0] - stats_before[0]
     loop_cpu = {k: v - stats_before[1][k] for k, v in stats_after[1].items()}
@@ -170,6 +206,12 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
     extra = {}
     if evict is not None:
         extra = {"evict_mb": evict_mb, "inference_evicted_ms_per_step": totals["inference_evicted"][0] / totals["inference_evicted"][1]}
+    if alternation:
+        after = {f"{timed}_after_{before}": 1e3 * cpu / (calls * envs) for (timed, before), (cpu, calls) in alternated.items()}
+        extra["alternated_ms_per_step"] = after
+        extra["alternation_calls"] = {f"{timed}_after_{before}": calls for (timed, before), (_, calls) in alternated.items()}
+        extra["alternation_ms_per_step"] = (after["env_after_inference"] - after["env_after_env"]
+                                            + after["inference_after_env"] - after["inference_after_inference"])
     return {
         **extra,
         # The loop's own accounting of its parts (actors.actor.ActorStats.cpu_s), as an actor process logs it.
@@ -193,11 +235,15 @@ def main(argv=None) -> int:
     parser.add_argument("--envs", type=int, default=16, help="envs stepped together, as in one actor process (default 16)")
     parser.add_argument("--unroll-length", type=int, default=20)
     parser.add_argument("--seconds", type=positive_float, default=10.0,
-                        help="timed seconds in all: half for the loop, a quarter for each part, in 3 rounds")
+                        help="timed seconds in all: half for the loop, a quarter for each part, in 3 rounds "
+                             "(with --alternation, 0.4 of it for the alternation and the rest shared so)")
     parser.add_argument("--refresh", action="store_true", help="new parameters after every unroll")
     parser.add_argument("--evict-mb", type=float, default=0.0,
                         help="also time the inference with this many MB of other memory written before each call, "
                              "as live envs and processes evict the policy's state between calls (default 0: not timed)")
+    parser.add_argument("--alternation", action="store_true",
+                        help="also time the env and the inference each right after the other and right after "
+                             "itself, call by call: what running them in turn on one thread adds per agent step")
     parser.add_argument("--malloc", choices=("reuse", "system"), default="reuse",
                         help="reuse (default): glibc keeps freed memory mapped, as a live actor process's heap "
                              "does; system: glibc's defaults, under which this loop alone faults its unroll "
@@ -215,7 +261,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("MUJOCO_GL", "egl")
     try:
         result = measure(args.workload, args.envs, args.seconds, args.unroll_length, args.refresh,
-                         evict_mb=args.evict_mb)
+                         evict_mb=args.evict_mb, alternation=args.alternation)
     except ValueError as e:
         print(f"bench_actor: {e}", file=sys.stderr)
         return 2
@@ -233,6 +279,12 @@ def main(argv=None) -> int:
         print("  the loop's own accounting: " + ", ".join(f"{k} {v:.3f}" for k, v in result["loop_parts_ms_per_step"].items()))
         if "inference_evicted_ms_per_step" in result:
             print(f"  inference after {args.evict_mb:g} MB of other writes: {result['inference_evicted_ms_per_step']:.3f}")
+        if "alternation_ms_per_step" in result:
+            after = result["alternated_ms_per_step"]
+            print(f"  env after the env {after['env_after_env']:.3f}, after the inference {after['env_after_inference']:.3f}; "
+                  f"inference after the inference {after['inference_after_inference']:.3f}, after the env "
+                  f"{after['inference_after_env']:.3f}")
+            print(f"  what running them in turn adds: {result['alternation_ms_per_step']:+.3f}")
     return 0
 
 

@@ -786,6 +786,28 @@ def test_bench_actor_times_the_loop_and_its_parts():
     assert result["malloc"] == "reuse"
 
 
+def test_bench_actor_times_what_the_env_and_the_inference_cost_each_other_in_turn():
+    cmd = [sys.executable, str(SCRIPTS / "bench_actor.py"), "--envs", "2", "--unroll-length", "4",
+           "--seconds", "1", "--alternation", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(SCRIPTS.parent))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    after = result["alternated_ms_per_step"]
+    assert set(after) == {"env_after_env", "env_after_inference", "inference_after_inference", "inference_after_env"}
+    assert all(v > 0 for v in after.values()), after
+    # The four conditions take turns, one timed call each, in whole turns: as many calls each.
+    calls = result["alternation_calls"]
+    assert set(calls) == set(after) and len(set(calls.values())) == 1 and min(calls.values()) >= 3, calls
+    assert result["alternation_ms_per_step"] == pytest.approx(
+        after["env_after_inference"] - after["env_after_env"]
+        + after["inference_after_env"] - after["inference_after_inference"])
+    # The loop and the parts back to back are still timed beside it.
+    assert result["loop_ms_per_step"] > 0 and result["env_ms_per_step"] > 0 and result["inference_ms_per_step"] > 0
+    text = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=120, cwd=str(SCRIPTS.parent))
+    assert text.returncode == 0, text.stderr
+    assert "what running them in turn adds:" in text.stdout
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the settings are glibc's")
 def test_bench_actors_loop_does_not_fault_its_unroll_buffers_in_at_every_boundary():
     """The actor assembles each boundary's unrolls with one copy of the frames (env-major),
