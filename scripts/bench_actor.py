@@ -115,6 +115,39 @@ def _alternate(parts, seconds: float, totals) -> None:
         i += 1
 
 
+def env_and_inference_parts(env_list, spec, frame_stack, network, policy, rng):
+    """The two parts the benchmark's ceiling counts, as calls: ``(step_envs, infer)``.
+
+    ``step_envs()`` steps every env of ``env_list`` once with uniformly random actions
+    (resetting those whose episode ends); ``infer()`` runs the actor's policy once on the batch
+    (``step_frames`` and ``sample_np``) on the envs' first frames, which it takes now (each env
+    is reset). ``spec`` is the envs' ``EnvSpec``; the rest as ``benchmark.actor_network`` gives.
+    """
+    import numpy as np
+
+    from impala_rep.costs import random_actions
+
+    envs = len(env_list)
+    action_spec = env_list[0].action_spec()
+
+    def step_envs():
+        actions = random_actions(action_spec, envs, rng)
+        for env, action in zip(env_list, actions):
+            if env.step(action).last():
+                env.reset()
+
+    obs = {k: np.stack([np.asarray(env.reset().observation[k]) for env in env_list]) for k in spec.observations}
+    stacks = network.frame_stacks(frame_stack, envs)
+    state, first = network.initial_state(envs), np.zeros(envs, bool)
+
+    def infer():
+        nonlocal state
+        out, _, state = network.step_frames(obs, state, first, stacks)
+        policy.sample_np(out, rng)
+
+    return step_envs, infer
+
+
 def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, refresh: bool = False,
             seed: int = 0, evict_mb: float = 0.0, alternation: bool = False):
     import numpy as np
@@ -122,7 +155,6 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
     import envs as envs_lib
     from actors.actor import Actor
     from benchmark import WORKLOADS, actor_network
-    from impala_rep.costs import random_actions
     from impala_rep.specs import env_spec_from_dm_env
     from impala_rep.wire import encode_unroll_bytes
 
@@ -151,22 +183,7 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
     actor.run(max_steps=2 * envs * (unroll_length + 1))  # warm-up
 
     rng = np.random.default_rng(seed)
-    action_spec = env_list[0].action_spec()
-
-    def step_envs():
-        actions = random_actions(action_spec, envs, rng)
-        for env, action in zip(env_list, actions):
-            if env.step(action).last():
-                env.reset()
-
-    obs = {k: np.stack([np.asarray(env.reset().observation[k]) for env in env_list]) for k in spec.observations}
-    stacks = network.frame_stacks(frame_stack, envs)
-    state, first = network.initial_state(envs), np.zeros(envs, bool)
-
-    def infer():
-        nonlocal state
-        out, _, state = network.step_frames(obs, state, first, stacks)
-        policy.sample_np(out, rng)
+    step_envs, infer = env_and_inference_parts(env_list, spec, frame_stack, network, policy, rng)
 
     # Memory written between inference calls (untimed), as the envs' and other processes' work
     # evicts the policy's parameters and frame blocks from the caches between two live calls.
@@ -177,11 +194,9 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
         parts.append(("inference_evicted", infer, 0.2, lambda: np.add(evict, 1.0, out=evict)))
     # The parts in turn, a few rounds, so that a drifting machine affects them alike. Only
     # the loop steps the actor, so its stats' span is the loop's own accounting.
-    alternation_share = 0.0
-    if alternation:
-        # Its calls run untimed half the time, so it gets as much wall-clock time as the loop.
-        alternation_share = 0.4
-        parts = [(name, run, share * (1 - alternation_share), prepare) for name, run, share, prepare in parts]
+    # --alternation's calls run untimed half the time, so it gets as much wall-clock time as the loop.
+    alternation_share = 0.4 if alternation else 0.0
+    parts = [(name, run, share * (1 - alternation_share), prepare) for name, run, share, prepare in parts]
     alternated = {key: [0.0, 0] for key in ALTERNATION}
     totals = {name: [0.0, 0, 0] for name, _, _, _ in parts}
     stats_before = actor.stats.snapshot()
@@ -207,9 +222,10 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
     if evict is not None:
         extra = {"evict_mb": evict_mb, "inference_evicted_ms_per_step": totals["inference_evicted"][0] / totals["inference_evicted"][1]}
     if alternation:
-        after = {f"{timed}_after_{before}": 1e3 * cpu / (calls * envs) for (timed, before), (cpu, calls) in alternated.items()}
+        named = {f"{timed}_after_{before}": spent for (timed, before), spent in alternated.items()}
+        after = {name: 1e3 * cpu / (calls * envs) for name, (cpu, calls) in named.items()}
         extra["alternated_ms_per_step"] = after
-        extra["alternation_calls"] = {f"{timed}_after_{before}": calls for (timed, before), (_, calls) in alternated.items()}
+        extra["alternation_calls"] = {name: calls for name, (_, calls) in named.items()}
         extra["alternation_ms_per_step"] = (after["env_after_inference"] - after["env_after_env"]
                                             + after["inference_after_env"] - after["inference_after_inference"])
     return {

@@ -25,8 +25,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np  # noqa: E402
 
 import envs as envs_lib  # noqa: E402
+from bench_actor import env_and_inference_parts  # noqa: E402
 from benchmark import WORKLOADS, actor_network  # noqa: E402
-from impala_rep.costs import random_actions  # noqa: E402
 from impala_rep.specs import env_spec_from_dm_env  # noqa: E402
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
@@ -35,25 +35,7 @@ w = WORKLOADS["dmc/cartpole-swingup"]
 env_list = [envs_lib.make(w.env_id, seed=i, **w.env_kwargs) for i in range(n)]
 spec = env_spec_from_dm_env(env_list[0])
 frame_stack, _, network, policy = actor_network(spec)
-rng = np.random.default_rng(0)
-aspec = env_list[0].action_spec()
-obs = {k: np.stack([np.asarray(e.reset().observation[k]) for e in env_list]) for k in spec.observations}
-stacks = network.frame_stacks(frame_stack, n)
-state, first = network.initial_state(n), np.zeros(n, bool)
-
-
-def infer():
-    global state
-    out, _, state = network.step_frames(obs, state, first, stacks)
-    policy.sample_np(out, rng)
-
-
-def step_envs():
-    for e, a in zip(env_list, random_actions(aspec, n, rng)):
-        if e.step(a).last():
-            e.reset()
-
-
+step_envs, infer = env_and_inference_parts(env_list, spec, frame_stack, network, policy, np.random.default_rng(0))
 sizes = [1, 4, 16]
 bufs = {m: np.ones(m * (1 << 20) // 8) for m in sizes}
 before = {"env": step_envs, "policy": infer}
