@@ -45,7 +45,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -72,6 +72,11 @@ TOKEN_METADATA_KEY = "x-impala-token"
 # What every call gets once the run is over (finish()), with grpc.StatusCode.OUT_OF_RANGE: the
 # actors' client (actors/client.py) stops on it instead of retrying.
 RUN_OVER = "the learner's run is over; it takes no more unrolls."
+
+# The longest that stop() waits past its ``drain`` for open unroll streams to send their next
+# message (and hear RUN_OVER): an actor whose unrolls take longer than that to fill still
+# retries, then gives up (--give-up-after).
+RUN_OVER_DRAIN_MAX_S = 15.0
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 _log = logging.getLogger(__name__)
 
@@ -248,6 +253,9 @@ class LearnerServer:
         self.server_id = uuid.uuid4().hex
         self.metrics = TransportMetrics(self.unroll_length)
         self._streams = 0
+        # Each open unroll stream's [time of its last message (or opening), the gap before it]:
+        # how long stop() waits for the next one (_drain_deadline).
+        self._stream_times: Dict[int, List[float]] = {}
         self._streams_lock = threading.Lock()
         self._stopping = threading.Event()
         self._finished = threading.Event()  # finish(): the run is over
@@ -335,18 +343,29 @@ class LearnerServer:
         self._server, self.port = server, port
         return port
 
-    def finish(self, drain: float = 2.0) -> None:
+    def finish(self, drain: float = 2.0, next_messages: bool = False) -> None:
         """Tells the actors that the run is over: from now on every call is answered
         ``OUT_OF_RANGE`` with :data:`RUN_OVER` (actors then stop instead of retrying until they
         give up), and open unroll streams end at their next message. Waits up to ``drain``
-        seconds for those streams to end; :meth:`stop` then stops serving."""
+        seconds for those streams to end, and with ``next_messages`` longer where a stream's
+        messages come further apart (:meth:`_drain_deadline`); :meth:`stop` then stops serving."""
         self._finished.set()
-        deadline = time.monotonic() + max(0.0, float(drain))
+        deadline = self._drain_deadline(drain) if next_messages else time.monotonic() + max(0.0, float(drain))
         while time.monotonic() < deadline:
             with self._streams_lock:
                 if self._streams == 0:
                     return
             time.sleep(0.02)
+
+    def _drain_deadline(self, drain: float) -> float:
+        """When to stop waiting for the open streams: ``drain`` seconds from now, or later where
+        a stream's next message is due later (its last message, plus its last gap between
+        messages and half again, plus half a second), at most :data:`RUN_OVER_DRAIN_MAX_S` from
+        now. A stream that stays silent past that is cut, and its actor retries."""
+        now = time.monotonic()
+        with self._streams_lock:
+            due = max((last + 1.5 * gap + 0.5 for last, gap in self._stream_times.values()), default=now)
+        return min(now + RUN_OVER_DRAIN_MAX_S, max(now + max(0.0, float(drain)), due))
 
     def _check_running(self, context: grpc.ServicerContext) -> None:
         if self._finished.is_set():
@@ -360,12 +379,13 @@ class LearnerServer:
 
     def stop(self, grace: Optional[float] = 1.0, drain: float = 1.0, finish: bool = True) -> None:
         """Stops serving: first :meth:`finish` (the actors are told the run is over; open
-        streams get up to ``drain`` seconds to end), then blocked stream handlers return and
-        in-flight calls get ``grace`` seconds. ``finish=False`` stops without saying the run
-        is over (the learner is gone, not done: a restarted one may resume it), so the actors
-        retry."""
+        streams get up to ``drain`` seconds to end, or until their next message is due, up to
+        :data:`RUN_OVER_DRAIN_MAX_S`: an actor slow to fill its next unroll still hears it),
+        then blocked stream handlers return and in-flight calls get ``grace`` seconds.
+        ``finish=False`` stops without saying the run is over (the learner is gone, not done: a
+        restarted one may resume it), so the actors retry."""
         if self._server is not None and finish:
-            self.finish(drain)
+            self.finish(drain, next_messages=True)
         self._stopping.set()
         if self._server is not None:
             self._server.stop(grace).wait()
@@ -466,6 +486,8 @@ class LearnerServer:
             else:
                 refused = False
                 self._streams += 1
+                key = object()
+                times = self._stream_times[id(key)] = [time.monotonic(), 0.0]
         if refused:
             self.metrics.count("streams_refused")
             context.abort(
@@ -480,6 +502,8 @@ class LearnerServer:
             self._stopping.is_set() or self._finished.is_set() or not context.is_active())
         try:
             for raw in request_iterator:
+                now = time.monotonic()
+                times[:] = [now, now - times[0]]
                 self._check_running(context)
                 try:
                     # Parsed in place: the queued arrays are views on these bytes (no copies).
@@ -503,6 +527,7 @@ class LearnerServer:
         finally:
             with self._streams_lock:
                 self._streams -= 1
+                del self._stream_times[id(key)]
         return transport_pb2.StreamSummary(unrolls_accepted=accepted)
 
     def snapshot_metrics(self) -> Dict[str, float]:

@@ -3,6 +3,7 @@ instead of retrying until they give up. Loopback only; each test bounded in time
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -36,35 +37,88 @@ def test_calls_after_finish_say_the_run_is_over():
         server.stop(0)
 
 
-def test_stop_ends_an_open_unroll_stream_with_the_run_over():
-    # The queue fills (nothing consumes it, as when the learner has stopped training), so the
-    # stream handler is blocked putting an unroll when the learner stops: the client learns the
-    # run is over from the stream and raises it on its next send.
+@contextlib.contextmanager
+def _streaming(capacity: int):
+    """(server, client, send): a server whose queue holds ``capacity`` unrolls and nothing
+    consumes, a connected client streaming one unroll a message, and ``send(timeout=None)``
+    queueing a fresh unroll on it."""
     spec = small_spec()
-    server = start_server(spec, capacity=2)
+    server = start_server(spec, capacity=capacity)
     client = LearnerClient(server.address, give_up_after_s=30, unrolls_per_message=1)
     rng = np.random.default_rng(0)
     try:
         client.connect()
-        for _ in range(4):
-            client.send(make_unroll(spec, rng), policy_version=1)
+        yield server, client, lambda timeout=None: client.send(make_unroll(spec, rng), policy_version=1, timeout=timeout)
+    finally:
+        client.close(drain=False, timeout=2)
+        server.stop(0)
+
+
+def _wait_queued(server, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(server.queue) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(server.queue) == n
+
+
+def _sends_until_run_over(send) -> None:
+    """Sends until the client raises that the run is over (within 10 s), else fails."""
+    with pytest.raises(LearnerFinishedError):
         deadline = time.monotonic() + 10
-        while len(server.queue) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert len(server.queue) == 2
+        while time.monotonic() < deadline:
+            send(timeout=2)
+            time.sleep(0.05)
+
+
+def test_stop_ends_an_open_unroll_stream_with_the_run_over():
+    # The queue fills (nothing consumes it, as when the learner has stopped training), so the
+    # stream handler is blocked putting an unroll when the learner stops: the client learns the
+    # run is over from the stream and raises it on its next send.
+    with _streaming(capacity=2) as (server, _, send):
+        for _ in range(4):
+            send()
+        _wait_queued(server, 2)
         stopper = threading.Thread(target=server.stop, kwargs={"grace": 1.0, "drain": 5.0})
         t0 = time.monotonic()
         stopper.start()
         stopper.join(10)
         assert not stopper.is_alive() and time.monotonic() - t0 < 5  # the stream ended within the drain
-        with pytest.raises(LearnerFinishedError):
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                client.send(make_unroll(spec, rng), policy_version=1, timeout=1)
-                time.sleep(0.05)
-    finally:
-        client.close(drain=False, timeout=2)
-        server.stop(0)
+        _sends_until_run_over(send)
+
+
+def test_stop_waits_for_a_slow_stream_to_send_its_next_unroll():
+    # An actor whose unrolls come 1.2 s apart, and a stop with a 0.1 s drain between two of them
+    # (a learner whose final save was quick): the server waits for the stream's next message,
+    # due by its last gap between messages, so the actor hears that the run is over instead of
+    # finding the learner gone and retrying until it gives up.
+    gap = 1.2
+    with _streaming(capacity=64) as (server, _, send):
+        for i in range(3):
+            if i:
+                time.sleep(gap)
+            last = time.monotonic()
+            send()
+        _wait_queued(server, 3)
+        stopper = threading.Thread(target=server.stop, kwargs={"grace": 1.0, "drain": 0.1})
+        stopper.start()
+        time.sleep(max(0.0, last + gap - time.monotonic()))
+        assert stopper.is_alive()  # still waiting for the stream, past its 0.1 s drain
+        _sends_until_run_over(send)
+        stopper.join(10)
+        assert not stopper.is_alive()
+
+
+def test_a_silent_stream_is_cut_after_its_next_message_was_due():
+    # A stream that stops sending (an actor stopped or stuck) holds the stop only until its
+    # next message was due (its last message + 1.5 gaps + 0.5 s), not for the whole cap.
+    with _streaming(capacity=64) as (server, _, send):
+        send()
+        time.sleep(0.3)
+        send()
+        _wait_queued(server, 2)
+        t0 = time.monotonic()
+        server.stop(grace=0.5, drain=0.1)
+        assert time.monotonic() - t0 < 3  # 0.3 s gaps: due within about a second, not 15 s
 
 
 def test_a_stopped_server_started_again_serves():
