@@ -24,7 +24,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-__all__ = ["LEARNER_FACTOR", "actor_processes", "learner_share", "learner_threads", "random_actions", "random_observations", "time_env_step", "time_policy_step"]
+__all__ = ["LEARNER_FACTOR", "LIVE_ACTOR_COST", "actor_processes", "learner_share", "learner_threads", "random_actions", "random_observations", "time_env_step", "time_policy_step"]
 
 LEARNER_FACTOR = 3.0
 # A learner given fewer threads than its share caps the whole pipeline; one given an extra
@@ -65,21 +65,24 @@ def learner_threads(cores: int, env_seconds: float, forward_seconds: float,
 
 
 # An actor process runs its envs and its policy on one thread, so the actors' share of the
-# cores, rounded up, is the processes they need; more only time-share the same cores. Any share
-# past a whole core rounds up: the share comes from the pieces timed alone, and live actors cost
-# more than that (pixel cartpole on 2 Zen 3 cores, forty-seventh session: the env, the policy
-# and the actors' own work 0.24-0.27 ms per agent step over their pieces' 1.07), so an actors'
-# share of 1.08 is more than one process's core. Rounded down as it was (a tenth of a core of
-# slack), it left one process of 32 envs: the machine 1.70 cores busy, 0.711 of the ceiling,
-# against 0.841-0.852 with 2 processes at shares of 1.13-1.14 (and 0.816 against 0.819 at 1.02-1.04
-# in the forty-sixth session: level there).
-_PROCESS_SLACK = 0.0
+# cores is the processes they need; more only time-share the same cores. The share comes from
+# the pieces timed alone, and live actors cost more than that: pixel cartpole on 2 Zen 3 cores,
+# the env, the policy and the actors' own work 0.24-0.27 ms per agent step over their pieces'
+# 1.07 (forty-seventh session), the actors' main threads 1.57-1.61 ms against 1.18-1.23
+# (forty-ninth): 20-33% more. So the share is scaled by this before it is rounded up. Rounding
+# the bare share, one process of 32 envs at a share of 1.08 (a tenth of a core of slack, the
+# forty-seventh session) and at 1.00 (the forty-ninth: the probe timed the env at 0.71 ms
+# against 1.08 in the run before) left the machine 1.70-1.71 cores busy at 0.711 and 0.751 of
+# the ceiling, against 0.787-0.852 with 2 processes at shares of 1.11-1.14 (0.816 against
+# 0.819 at 1.02-1.04 in the forty-sixth session: level there).
+LIVE_ACTOR_COST = 1.25
 
 
 def actor_processes(cores: int, actors: int, env_seconds: float, forward_seconds: float,
                     learner_seconds: Optional[float] = None) -> int:
     """Actor processes for ``actors`` envs sharing ``cores`` with the learner: the cores left of
-    :func:`learner_share`, rounded up (at least 1, at most ``cores`` and ``actors``).
+    :func:`learner_share`, times :data:`LIVE_ACTOR_COST`, rounded up (at least 1, at most
+    ``cores`` and ``actors``): a share of 0.8 cores or less takes one process.
 
     Measured on the synthetic benchmark, 2 cores, learner share 1.2: 32 envs in one process
     ran 0.78 of the ceiling (4,249 agent steps/s), in two processes (one per core, the
@@ -89,7 +92,7 @@ def actor_processes(cores: int, actors: int, env_seconds: float, forward_seconds
     if isinstance(actors, bool) or not isinstance(actors, int) or actors < 1:
         raise ValueError(f"actors must be a positive integer, got {actors!r}.")
     share = cores - learner_share(cores, env_seconds, forward_seconds, learner_seconds)
-    return max(1, min(cores, actors, math.ceil(share - _PROCESS_SLACK)))
+    return max(1, min(cores, actors, math.ceil(round(share * LIVE_ACTOR_COST, 9))))
 
 
 def random_actions(spec: Any, count: int, rng: np.random.Generator) -> np.ndarray:

@@ -84,14 +84,15 @@ def choose_actor_processes(config, cores: int, costs, planned: int, by_cost: boo
     """Actor processes and why: ``--actor-processes`` if given, else the actors' share of the
     cores by measured cost when the learner computes on them (``by_cost``), else ``planned``
     (one per core, as many as there are envs)."""
-    from impala_rep.costs import actor_processes
+    from impala_rep.costs import LIVE_ACTOR_COST, actor_processes
 
     if config.actor_processes is not None:
         return config.actor_processes, "--actor-processes"
     if not by_cost or not has_actor_costs(costs):
         return planned, "one per core"
     processes = actor_processes(cores, config.actors, *step_costs(costs))
-    return processes, f"the cores the learner's share of the work leaves, rounded up, are {processes}"
+    return processes, (f"the cores the learner's share of the work leaves, times {LIVE_ACTOR_COST} for what live "
+                       f"actors cost over their pieces, rounded up, are {processes}")
 
 
 # The actors' nice value under a CPU learner whose threads fill every core (see choose_actor_nice).

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from dm_env import specs
 
-from impala_rep.costs import LEARNER_FACTOR, actor_processes, learner_threads, random_actions, time_env_step, time_policy_step
+from impala_rep.costs import LEARNER_FACTOR, LIVE_ACTOR_COST, actor_processes, learner_threads, random_actions, time_env_step, time_policy_step
 
 
 def test_learner_gets_its_share_of_the_cores():
@@ -72,13 +72,17 @@ def test_actor_processes_fill_the_cores_the_learner_leaves():
     assert actor_processes(16, 3, 1e-3, 1e-4, 1e-4) == 3
     assert actor_processes(4, 64, 1.0, 1e-4, 1e-4) == 4
     assert actor_processes(1, 8, 0.0, 1e-4, 1.0) == 1
-    # A share just past a whole number (here 1.05 cores) earns a process of its own (live actors
-    # cost more than their pieces: one process left 0.3 of 2 cores idle at 1.08); one just
-    # under it (0.95) does not.
+    # Live actors cost more than their pieces (one process left 0.3 of 2 cores idle at shares of
+    # 1.08 and 1.00), so a share past 0.8 of a core (times LIVE_ACTOR_COST, past a whole one)
+    # earns a process of its own, and 0.8 or less does not.
+    assert LIVE_ACTOR_COST == 1.25
     env = 1e-3
-    assert actor_processes(2, 32, env, 0.0, env * 0.95 / 1.05) == 2
-    assert actor_processes(2, 32, env, 0.0, env * 1.05 / 0.95) == 1
-    assert actor_processes(2, 32, env, 0.0, env * 0.8 / 1.2) == 2
+    assert actor_processes(2, 32, env, 0.0, env * 0.95 / 1.05) == 2  # the actors' share 1.05
+    assert actor_processes(2, 32, env, 0.0, env * 1.0 / 1.0) == 2  # 1.00
+    assert actor_processes(2, 32, env, 0.0, env * 1.15 / 0.85) == 2  # 0.85
+    assert actor_processes(2, 32, env, 0.0, env * 1.2 / 0.8) == 1  # 0.80
+    assert actor_processes(2, 32, env, 0.0, env * 1.3 / 0.7) == 1  # 0.70
+    assert actor_processes(4, 32, env, 0.0, env * 2.2 / 1.8) == 3  # 1.80 on 4 cores: 2.25, rounded up
 
 
 @pytest.mark.parametrize("actors", [0, -1, True, 2.0])

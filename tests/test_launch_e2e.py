@@ -48,7 +48,8 @@ def test_catch_is_learned_then_evaluated_then_resumed(tmp_path):
                      r"and the learner step \d+\.\d+ ms of CPU", proc.stderr), proc.stderr[-3000:]
     # So were the actor processes, and the launcher started as many as its plan says.
     plan = re.search(r"plan: 4 actors in (\d+) process\(es\) .*\(the cores the learner's share of the work "
-                     r"leaves, rounded up, are (\d+)\)", proc.stderr)
+                     r"leaves, times [\d.]+ for what live actors cost over their pieces, rounded up, are (\d+)\)",
+                     proc.stderr)
     assert plan and plan.group(1) == plan.group(2), proc.stderr[-3000:]
     assert "TensorFlow's CPU tensors come from its pool" in proc.stderr, proc.stderr[-3000:]
     started = [n for n in os.listdir(os.path.join(logdir, "actors")) if re.fullmatch(r"actor-\d+\.log", n)]

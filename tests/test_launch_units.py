@@ -569,8 +569,8 @@ def test_launcher_sizes_actor_processes_from_the_probed_costs():
     assert choose_actor_processes(config, 2, synthetic, planned=2, by_cost=True) == (2, "--actor-processes")
 
 
-def _stub_launcher(monkeypatch, learner_seconds: float) -> list:
-    """Makes impala_rep.launch.main plan on 2 cores with synthetic-like probed costs (env 0, policy
+def _stub_launcher(monkeypatch, learner_seconds: float, cores: int = 2) -> list:
+    """Makes impala_rep.launch.main plan on ``cores`` cores with synthetic-like probed costs (env 0, policy
     0.14 ms, the learner step ``learner_seconds`` per agent step) and stop before starting any
     process; returns the list the RunConfigs it would have trained with are appended to."""
     import learner.run
@@ -580,7 +580,7 @@ def _stub_launcher(monkeypatch, learner_seconds: float) -> list:
         return PIXELS_84, {"env": {"seconds_per_step": 0.0}, "policy": {"seconds_per_step": 1.4e-4}}
 
     started = []
-    monkeypatch.setattr(plan, "available_cores", lambda: 2)
+    monkeypatch.setattr(plan, "available_cores", lambda: cores)
     monkeypatch.setattr(plan, "available_memory_mb", lambda: 8 * 1024)
     monkeypatch.setattr(probe, "probe_env", probe_env)
     monkeypatch.setattr(launch, "time_learner",
@@ -593,19 +593,20 @@ def _stub_launcher(monkeypatch, learner_seconds: float) -> list:
 
 
 def test_launcher_starts_the_actor_processes_the_costs_ask_for(monkeypatch, caplog):
-    """main re-plans with the count by cost: 32 envs in 1 process where one per core gives 2."""
+    """main re-plans with the count by cost: 32 envs in 2 processes where one per core gives 4."""
     from impala_rep import launch
 
-    _stub_launcher(monkeypatch, 1.5e-4)  # the learner's share is 1.03 of 2 cores: 1 thread, the actors 1 process
+    # The learner's share is 2.50 of 4 cores: 3 threads; the actors' 1.50, times 1.25, 2 processes.
+    _stub_launcher(monkeypatch, 2.33e-4, cores=4)
     with caplog.at_level("INFO", logger="impala_rep.launch"):
         assert launch.main(["--env", "catch", "--actors", "32", "--learner", "cpu"]) == 2
-    assert "plan: 32 actors in 1 process(es) (32 envs each)" in caplog.text, caplog.text
-    assert "rounded up, are 1)" in caplog.text and "learner threads: 1 " in caplog.text
-    assert "plan: 32 actors in 2 process(es)" not in caplog.text  # no re-plan: the learner leaves a core
+    assert "plan: 32 actors in 2 process(es) (16 envs each)" in caplog.text, caplog.text
+    assert "rounded up, are 2)" in caplog.text and "learner threads: 3 " in caplog.text
+    assert "plan: 32 actors in 4 process(es)" not in caplog.text  # no re-plan: the learner leaves a core
     caplog.clear()
     with caplog.at_level("INFO", logger="impala_rep.launch"):
-        assert launch.main(["--env", "catch", "--actors", "32", "--learner", "cpu", "--actor-processes", "2"]) == 2
-    assert "plan: 32 actors in 2 process(es) (16 envs each)" in caplog.text and "(--actor-processes)" in caplog.text
+        assert launch.main(["--env", "catch", "--actors", "32", "--learner", "cpu", "--actor-processes", "1"]) == 2
+    assert "plan: 32 actors in 1 process(es) (32 envs each)" in caplog.text and "(--actor-processes)" in caplog.text
 
 
 def test_launcher_refuses_a_replay_buffer_the_memory_cannot_hold(monkeypatch, capsys):
