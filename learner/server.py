@@ -73,9 +73,9 @@ TOKEN_METADATA_KEY = "x-impala-token"
 # actors' client (actors/client.py) stops on it instead of retrying.
 RUN_OVER = "the learner's run is over; it takes no more unrolls."
 
-# The longest that stop() waits past its ``drain`` for open unroll streams to send their next
-# message (and hear RUN_OVER): an actor whose unrolls take longer than that to fill still
-# retries, then gives up (--give-up-after).
+# The longest that stop() waits for open unroll streams to send their next message (and hear
+# RUN_OVER), where that is longer than its ``drain``: an actor whose unrolls take longer than
+# that to fill still retries, then gives up (--give-up-after).
 RUN_OVER_DRAIN_MAX_S = 15.0
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 _log = logging.getLogger(__name__)
@@ -360,12 +360,13 @@ class LearnerServer:
     def _drain_deadline(self, drain: float) -> float:
         """When to stop waiting for the open streams: ``drain`` seconds from now, or later where
         a stream's next message is due later (its last message, plus its last gap between
-        messages and half again, plus half a second), at most :data:`RUN_OVER_DRAIN_MAX_S` from
-        now. A stream that stays silent past that is cut, and its actor retries."""
+        messages and half again, plus half a second), but for that no more than
+        :data:`RUN_OVER_DRAIN_MAX_S` from now. A stream that stays silent past that is cut, and
+        its actor retries."""
         now = time.monotonic()
         with self._streams_lock:
             due = max((last + 1.5 * gap + 0.5 for last, gap in self._stream_times.values()), default=now)
-        return min(now + RUN_OVER_DRAIN_MAX_S, max(now + max(0.0, float(drain)), due))
+        return max(now + max(0.0, float(drain)), min(due, now + RUN_OVER_DRAIN_MAX_S))
 
     def _check_running(self, context: grpc.ServicerContext) -> None:
         if self._finished.is_set():
@@ -486,8 +487,8 @@ class LearnerServer:
             else:
                 refused = False
                 self._streams += 1
-                key = object()
-                times = self._stream_times[id(key)] = [time.monotonic(), 0.0]
+                times = [time.monotonic(), 0.0]
+                self._stream_times[id(times)] = times
         if refused:
             self.metrics.count("streams_refused")
             context.abort(
@@ -527,7 +528,7 @@ class LearnerServer:
         finally:
             with self._streams_lock:
                 self._streams -= 1
-                del self._stream_times[id(key)]
+                del self._stream_times[id(times)]
         return transport_pb2.StreamSummary(unrolls_accepted=accepted)
 
     def snapshot_metrics(self) -> Dict[str, float]:

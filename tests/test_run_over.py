@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from actors.client import LearnerClient, LearnerFinishedError
+import learner.server
 from learner.server import RUN_OVER
 from test_transport_helpers import make_unroll, small_spec, start_server
 
@@ -39,16 +40,16 @@ def test_calls_after_finish_say_the_run_is_over():
 
 @contextlib.contextmanager
 def _streaming(capacity: int):
-    """(server, client, send): a server whose queue holds ``capacity`` unrolls and nothing
-    consumes, a connected client streaming one unroll a message, and ``send(timeout=None)``
-    queueing a fresh unroll on it."""
+    """(server, send): a server whose queue holds ``capacity`` unrolls and nothing consumes, and
+    ``send(timeout=None)`` queueing a fresh unroll on a connected client that streams one unroll
+    a message."""
     spec = small_spec()
     server = start_server(spec, capacity=capacity)
     client = LearnerClient(server.address, give_up_after_s=30, unrolls_per_message=1)
     rng = np.random.default_rng(0)
     try:
         client.connect()
-        yield server, client, lambda timeout=None: client.send(make_unroll(spec, rng), policy_version=1, timeout=timeout)
+        yield server, lambda timeout=None: client.send(make_unroll(spec, rng), policy_version=1, timeout=timeout)
     finally:
         client.close(drain=False, timeout=2)
         server.stop(0)
@@ -74,7 +75,7 @@ def test_stop_ends_an_open_unroll_stream_with_the_run_over():
     # The queue fills (nothing consumes it, as when the learner has stopped training), so the
     # stream handler is blocked putting an unroll when the learner stops: the client learns the
     # run is over from the stream and raises it on its next send.
-    with _streaming(capacity=2) as (server, _, send):
+    with _streaming(capacity=2) as (server, send):
         for _ in range(4):
             send()
         _wait_queued(server, 2)
@@ -92,7 +93,7 @@ def test_stop_waits_for_a_slow_stream_to_send_its_next_unroll():
     # due by its last gap between messages, so the actor hears that the run is over instead of
     # finding the learner gone and retrying until it gives up.
     gap = 1.2
-    with _streaming(capacity=64) as (server, _, send):
+    with _streaming(capacity=64) as (server, send):
         for i in range(3):
             if i:
                 time.sleep(gap)
@@ -111,7 +112,7 @@ def test_stop_waits_for_a_slow_stream_to_send_its_next_unroll():
 def test_a_silent_stream_is_cut_after_its_next_message_was_due():
     # A stream that stops sending (an actor stopped or stuck) holds the stop only until its
     # next message was due (its last message + 1.5 gaps + 0.5 s), not for the whole cap.
-    with _streaming(capacity=64) as (server, _, send):
+    with _streaming(capacity=64) as (server, send):
         send()
         time.sleep(0.3)
         send()
@@ -119,6 +120,20 @@ def test_a_silent_stream_is_cut_after_its_next_message_was_due():
         t0 = time.monotonic()
         server.stop(grace=0.5, drain=0.1)
         assert time.monotonic() - t0 < 3  # 0.3 s gaps: due within about a second, not 15 s
+
+
+def test_the_cap_on_waiting_for_next_messages_leaves_the_drain_as_given(monkeypatch):
+    # The cap bounds only the wait for a stream's next message: a stop's own drain, here longer
+    # than the (shrunk) cap, still holds for a stream whose next message is due later still.
+    monkeypatch.setattr(learner.server, "RUN_OVER_DRAIN_MAX_S", 0.2)
+    with _streaming(capacity=64) as (server, send):
+        send()
+        time.sleep(1.0)
+        send()  # next due about 2 s after this
+        _wait_queued(server, 2)
+        t0 = time.monotonic()
+        server.finish(drain=0.6, next_messages=True)
+        assert 0.55 <= time.monotonic() - t0 < 1.5  # the drain's 0.6 s, not the cap's 0.2 or the due 2 s
 
 
 def test_a_stopped_server_started_again_serves():
