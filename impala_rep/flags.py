@@ -9,7 +9,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
-from impala_rep.config import DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
+from impala_rep.config import ACCELERATOR_PARAM_REFRESH_LAG, CPU_PARAM_REFRESH_LAG, DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "ignored_flags", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser"]
 
@@ -125,6 +125,17 @@ seed_flag = seed_type(MAX_SEED)
 
 _positive_int = int_at_least(1, "a positive integer")
 _nonnegative_int = int_at_least(0, "a whole number (0 or more)")
+
+
+def _refresh_lag(text: str):
+    """``--param-refresh-lag``: 'auto' or a whole number from 1 to MAX_PARAM_REFRESH_LAG."""
+    if text == "auto":
+        return text
+    what = f"'auto' or a whole number of learner versions from 1 to {MAX_PARAM_REFRESH_LAG}"
+    value = int_at_least(1, what)(text)
+    if value > MAX_PARAM_REFRESH_LAG:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+    return value
 
 
 def _float_in(what: str, low: Optional[float] = None, high: Optional[float] = None, low_open: bool = False):
@@ -276,9 +287,10 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="shared secret actors must send (default: $IMPALA_REP_TOKEN if set)")
     g.add_argument("--tls-cert", default=None, help="PEM certificate for TLS (with --tls-key)")
     g.add_argument("--tls-key", default=None, help="PEM private key for TLS (with --tls-cert)")
-    g.add_argument("--param-refresh-lag", type=_positive_int, default=DEFAULT_PARAM_REFRESH_LAG, metavar="K",
+    g.add_argument("--param-refresh-lag", type=_refresh_lag, default=DEFAULT_PARAM_REFRESH_LAG, metavar="K|auto",
                    help="learner versions an actor process may fall behind before the learner sends it new parameters "
-                        f"(default {DEFAULT_PARAM_REFRESH_LAG}: every new version; at most {MAX_PARAM_REFRESH_LAG}): "
+                        f"(at most {MAX_PARAM_REFRESH_LAG}; default auto: {CPU_PARAM_REFRESH_LAG}, every new version, "
+                        f"on a CPU learner, {ACCELERATOR_PARAM_REFRESH_LAG} on GPU and TPU learners): "
                         "K above 1 sends actors about 1/K of the parameter traffic, for a policy lag "
                         "up to K-1 versions longer, which V-trace corrects for")
     g.add_argument("--max-actor-streams", type=_positive_int, default=DEFAULT_MAX_ACTOR_STREAMS, metavar="N",

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from impala_rep.config import RunConfig, actor_view, frame_stack_keys
+from impala_rep.config import RunConfig, actor_view, frame_stack_keys, resolve_param_refresh_lag
 from impala_rep.flags import check_logdir, configure_logging as configure_base_logging
 from impala_rep.specs import ArraySpec, EnvSpec, stacked_observation_specs, unroll_spec
 from learner.summaries import ScalarWriter, trim_events_after
@@ -177,6 +177,8 @@ class Trainer:
         # (thread) or a child process of their own (process; auto: on GPU and TPU learners).
         self.intake = config.intake if config.intake != "auto" else (
             "process" if self.replicator.kind != "cpu" else "thread")
+        # --param-refresh-lag: auto is 1 on a CPU learner, 8 on GPU and TPU learners.
+        self.param_refresh_lag = resolve_param_refresh_lag(config.param_refresh_lag, self.replicator.kind)
         server_options = dict(
             run_config=json.dumps(actor_view(config, self.frame_stack)),
             host=config.bind,
@@ -184,7 +186,7 @@ class Trainer:
             token=config.token,
             tls_cert_file=config.tls_cert,
             tls_key_file=config.tls_key,
-            refresh_lag=config.param_refresh_lag,
+            refresh_lag=self.param_refresh_lag,
             max_streams=config.max_actor_streams,
         )
         self._submitted: collections.deque = collections.deque(maxlen=8)  # (version, metrics) handed to it
@@ -324,7 +326,9 @@ class Trainer:
         with open(path + ".tmp", "w") as f:
             f.write(self.config.dumps())
         os.replace(path + ".tmp", path)
-        log.info("learner serving actors at %s", self.server.address)
+        log.info("learner serving actors at %s; actors get new parameters every %d version(s)%s", self.server.address,
+                 self.param_refresh_lag, " (--param-refresh-lag auto on a %s learner)" % self.replicator.kind
+                 if self.config.param_refresh_lag == "auto" else "")
         return self.server.address
 
     def save(self) -> Optional[str]:

@@ -32,7 +32,8 @@ def test_run_config_round_trips_and_hides_the_token():
         ({"actor_nice": 20}, "actor-nice must be between 0 and 19"),
         ({"actor_nice": -1}, "actor-nice must be between 0 and 19"),
         ({"unrolls_per_message": 0}, "unrolls-per-message must be a whole number of at least 1, got 0"),
-        ({"param_refresh_lag": 0}, "param-refresh-lag must be a whole number of learner versions from 1 .* to 1000, got 0"),
+        ({"param_refresh_lag": 0}, "param-refresh-lag must be 'auto' or a whole number of learner versions from 1 .* to 1000, got 0"),
+        ({"param_refresh_lag": "often"}, "param-refresh-lag must be 'auto' or .* got 'often'"),
         ({"param_refresh_lag": 1001}, "param-refresh-lag must be .* got 1001"),
         ({"max_actor_streams": 0}, "max-actor-streams must be a whole number of actor processes from 1 to 4096, got 0"),
         ({"replay_ratio": 0.1, "batch_size": 4}, r"replay-ratio 0.1 of a batch of 4 unrolls replays none of them .* "
@@ -455,11 +456,22 @@ def test_param_refresh_lag_flag_reaches_the_config(capsys):
     from impala_rep.launch import build_parser
 
     parser = build_parser()
-    assert config_from_args(parser.parse_args(["--env", "catch"])).param_refresh_lag == 1
+    assert config_from_args(parser.parse_args(["--env", "catch"])).param_refresh_lag == "auto"
     assert config_from_args(parser.parse_args(["--env", "catch", "--param-refresh-lag", "4"])).param_refresh_lag == 4
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--env", "catch", "--param-refresh-lag", "0"])
-    assert "--param-refresh-lag: expected a positive integer, got 0" in capsys.readouterr().err
+    assert config_from_args(parser.parse_args(["--env", "catch", "--param-refresh-lag", "auto"])).param_refresh_lag == "auto"
+    for bad, shown in (("0", "0"), ("1001", "1001"), ("soon", "'soon'")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--env", "catch", "--param-refresh-lag", bad])
+        assert (f"--param-refresh-lag: expected 'auto' or a whole number of learner versions from 1 to 1000, "
+                f"got {shown}") in capsys.readouterr().err
+
+
+def test_param_refresh_lag_auto_is_one_on_a_cpu_learner_and_eight_on_accelerators():
+    from impala_rep.config import resolve_param_refresh_lag
+
+    assert resolve_param_refresh_lag("auto", "cpu") == 1
+    assert resolve_param_refresh_lag("auto", "gpu") == resolve_param_refresh_lag("auto", "tpu") == 8
+    assert resolve_param_refresh_lag(3, "gpu") == resolve_param_refresh_lag(3, "cpu") == 3
 
 
 def test_learner_auto_is_planned_as_the_kind_it_resolves_to():

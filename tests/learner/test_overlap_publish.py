@@ -1,6 +1,7 @@
 """--overlap-publish: the learner's parameters checked and encoded for the actors on a thread of
 their own while the next step runs (learner/params.py BackgroundPublisher, learner/run.py)."""
 
+import dataclasses
 import threading
 import time
 
@@ -119,6 +120,16 @@ def test_auto_overlaps_only_off_the_cpu(tmp_path, catch_spec):
         assert trainer.replicator.kind == "cpu" and not trainer.overlap_publish and trainer._publisher is None
     finally:
         trainer.close(save=False)
+
+
+def test_a_cpu_learner_sends_every_version_unless_told_otherwise(tmp_path, catch_spec):
+    # --param-refresh-lag auto: 1 on a CPU learner (8 on GPU and TPU learners: config.py).
+    for lag, served in (("auto", 1), (3, 3)):
+        trainer = Trainer(dataclasses.replace(_config(tmp_path / str(lag), "auto"), param_refresh_lag=lag), catch_spec)
+        try:
+            assert trainer.param_refresh_lag == served and trainer.server.refresh_lag == served
+        finally:
+            trainer.close(save=False)
 
 
 def test_overlapped_publishing_sends_each_steps_own_parameters_and_settles_before_returning(tmp_path, catch_spec):
