@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any, Dict, Mapping, Optional, Union
 
-__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "DEFAULT_UNROLLS_PER_MESSAGE", "DEFAULT_PARAM_PREFETCH_STEPS", "DEFAULT_PARAM_REFRESH_LAG", "MAX_PARAM_REFRESH_LAG", "resolve_param_refresh_lag", "NEVER_KEYS", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
+__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "DEFAULT_UNROLLS_PER_MESSAGE", "DEFAULT_PARAM_PREFETCH_STEPS", "DEFAULT_PARAM_REFRESH_LAG", "MAX_PARAM_REFRESH_LAG", "resolve_param_refresh_lag", "resolve_overlap_publish", "resolve_intake", "AUTO_SETTINGS", "NEVER_KEYS", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
 
 # What actor processes give up in CPU priority unless told (the launcher may choose 0).
 DEFAULT_ACTOR_NICE = 10
@@ -81,6 +81,30 @@ def resolve_param_refresh_lag(value: Union[int, str], learner_kind: str) -> int:
     if value != "auto":
         return value
     return CPU_PARAM_REFRESH_LAG if learner_kind == "cpu" else ACCELERATOR_PARAM_REFRESH_LAG
+
+
+def resolve_overlap_publish(value: str, learner_kind: str) -> bool:
+    """``--overlap-publish`` for a learner of ``learner_kind``: on or off stays; auto is on for
+    GPU and TPU learners and off on CPUs."""
+    return value == "on" or (value == "auto" and learner_kind != "cpu")
+
+
+def resolve_intake(value: str, learner_kind: str) -> str:
+    """``--intake`` for a learner of ``learner_kind``: thread or process stays; auto is process
+    for GPU and TPU learners and thread on CPUs."""
+    if value != "auto":
+        return value
+    return "process" if learner_kind != "cpu" else "thread"
+
+
+# The settings whose value may be auto, with what each means on a learner of a given kind: a
+# resumed run compares these (1 in an older run's config.json and auto on a CPU learner are the
+# same setting).
+AUTO_SETTINGS = {
+    "param_refresh_lag": resolve_param_refresh_lag,
+    "overlap_publish": resolve_overlap_publish,
+    "intake": resolve_intake,
+}
 
 
 def valid_desync_steps(value: Any) -> bool:

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from impala_rep.config import RunConfig, actor_view, frame_stack_keys, resolve_param_refresh_lag
+from impala_rep.config import (AUTO_SETTINGS, RunConfig, actor_view, frame_stack_keys, resolve_intake,
+                               resolve_overlap_publish, resolve_param_refresh_lag)
 from impala_rep.flags import check_logdir, configure_logging as configure_base_logging
 from impala_rep.specs import ArraySpec, EnvSpec, stacked_observation_specs, unroll_spec
 from learner.summaries import ScalarWriter, trim_events_after
@@ -143,7 +144,7 @@ class Trainer:
         self.restored_from: Optional[str] = None
         if config.resume:
             if self.manager.latest_checkpoint is not None:
-                check_resumed_settings(config, os.path.join(config.logdir, "config.json"))
+                check_resumed_settings(config, os.path.join(config.logdir, "config.json"), self.replicator.kind)
             self._restore(config)
         if self.restored_from:
             log.info(
@@ -171,12 +172,10 @@ class Trainer:
         self._evaluated_step: Optional[int] = self._saved_step  # the earlier run evaluated its own
         # --overlap-publish: each step's parameters are checked and encoded for the actors on a
         # thread of their own while the next step runs (auto: on GPU and TPU learners).
-        self.overlap_publish = config.overlap_publish == "on" or (
-            config.overlap_publish == "auto" and self.replicator.kind != "cpu")
+        self.overlap_publish = resolve_overlap_publish(config.overlap_publish, self.replicator.kind)
         # --intake: the gRPC service, queue, batcher and parameter store in this process
         # (thread) or a child process of their own (process; auto: on GPU and TPU learners).
-        self.intake = config.intake if config.intake != "auto" else (
-            "process" if self.replicator.kind != "cpu" else "thread")
+        self.intake = resolve_intake(config.intake, self.replicator.kind)
         # --param-refresh-lag: auto is 1 on a CPU learner, 8 on GPU and TPU learners.
         self.param_refresh_lag = resolve_param_refresh_lag(config.param_refresh_lag, self.replicator.kind)
         server_options = dict(
@@ -813,11 +812,13 @@ RESUME_TASK_KEYS = ("env", "env_kwargs")
 RESUME_IGNORED_KEYS = ("resume", "port", "token", "logdir", "bind", "tls_cert", "tls_key")
 
 
-def check_resumed_settings(config: RunConfig, path: str) -> List[str]:
+def check_resumed_settings(config: RunConfig, path: str, learner_kind: Optional[str] = None) -> List[str]:
     """Compares the settings of the run being resumed (its ``config.json`` at ``path``) with
     ``config``: raises ``ValueError`` with a sentence when the task differs, and logs (and
     returns) the other settings that changed, as ``"key: old -> new"``. Nothing to compare when
-    the earlier run left no readable record."""
+    the earlier run left no readable record. With ``learner_kind`` (this learner's: cpu, gpu,
+    tpu), a setting of :data:`AUTO_SETTINGS` has not changed when both values mean the same
+    there (an older run's ``param_refresh_lag`` of 1 and auto on a CPU learner)."""
     try:
         with open(path) as f:
             earlier = json.load(f)
@@ -838,8 +839,19 @@ def check_resumed_settings(config: RunConfig, path: str) -> List[str]:
             "on training that checkpoint on another task. Pass another --logdir for a run of its own, or "
             "--no-resume to start over in this one (the earlier run is moved aside)."
         )
+    def same(key):
+        if earlier[key] == now[key]:
+            return True
+        resolve = AUTO_SETTINGS.get(key)
+        if resolve is None or learner_kind is None:
+            return False
+        try:
+            return resolve(earlier[key], learner_kind) == resolve(now[key], learner_kind)
+        except (TypeError, ValueError):  # a hand-edited record: reported as changed
+            return False
+
     changed = [f"{k}: {json.dumps(earlier[k])} -> {json.dumps(now[k])}" for k in sorted(earlier)
-               if k in now and k not in RESUME_IGNORED_KEYS and earlier[k] != now[k]]
+               if k in now and k not in RESUME_IGNORED_KEYS and not same(k)]
     if changed:
         log.warning("resuming the run in %s with settings changed since its last start: %s", logdir, "; ".join(changed))
     return changed

@@ -127,6 +127,41 @@ def test_a_resume_on_another_task_is_refused_and_changed_settings_are_named(tmp_
     assert changed == ["seed: 0 -> 3", f"total_steps: {STEP_AGENT_STEPS} -> {5 * STEP_AGENT_STEPS}"]  # not port
     assert "settings changed since its last start: seed: 0 -> 3; total_steps: 20 -> 100" in caplog.text
     assert check_resumed_settings(_config(tmp_path), os.path.join(tmp_path, "missing.json")) == []
+    # The Trainer compares by its own learner's kind: a CPU learner resuming a run that recorded
+    # param_refresh_lag 1 (before auto was the default) names no change.
+    path = os.path.join(tmp_path, "config.json")
+    with open(path) as f:
+        recorded = json.load(f)
+    with open(path, "w") as f:
+        json.dump(dict(recorded, param_refresh_lag=1), f)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="impala_rep.learner"):
+        again = Trainer(_config(tmp_path, total_steps=STEP_AGENT_STEPS), catch_spec)
+        again.close()
+    assert again.restored_from and "settings changed" not in caplog.text
+
+
+def test_an_auto_setting_that_means_what_the_earlier_run_set_has_not_changed(tmp_path, caplog):
+    # A run started before --param-refresh-lag's auto recorded 1; resumed on a CPU learner, auto
+    # is 1 there, and so is off for --overlap-publish and thread for --intake.
+    earlier = dict(_config(tmp_path).to_json(), param_refresh_lag=1, overlap_publish="off", intake="thread")
+    path = os.path.join(tmp_path, "config.json")
+    with open(path, "w") as f:
+        json.dump(earlier, f)
+    now = _config(tmp_path)
+    assert (now.param_refresh_lag, now.overlap_publish, now.intake) == ("auto", "auto", "auto")
+    with caplog.at_level(logging.WARNING, logger="impala_rep.learner"):
+        assert check_resumed_settings(now, path, "cpu") == []
+    assert "settings changed" not in caplog.text
+    # On a GPU learner auto means 8, on and process: each is a change, and so is any change
+    # when the learner's kind is not given.
+    assert check_resumed_settings(now, path, "gpu") == [
+        'intake: "thread" -> "auto"', 'overlap_publish: "off" -> "auto"', 'param_refresh_lag: 1 -> "auto"']
+    assert len(check_resumed_settings(now, path)) == 3
+    # A hand-edited record that no resolver reads is a change, not a crash.
+    with open(path, "w") as f:
+        json.dump(dict(earlier, param_refresh_lag=[1]), f)
+    assert check_resumed_settings(now, path, "cpu") == ['param_refresh_lag: [1] -> "auto"']
 
 
 def test_an_intake_process_that_does_not_start_is_a_sentence(tmp_path, catch_spec, monkeypatch, capsys):
