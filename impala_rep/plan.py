@@ -58,8 +58,8 @@ class UnrollMemory:
     on); ``per_stream``: the unrolls of one message, which an actor process holds while sending
     and the learner's handler for its stream while the queue is full; ``input_bytes``: the
     learner step's float input, frames stacked (a batch of observations, 4 bytes an element).
-    The recurrent state and the policy's own action spec, which an unroll also carries, are
-    left out (a few bytes a step beside pixels)."""
+    An unroll is as the learner's spec has it: with the recurrent state (an LSTM's) and the
+    action as the policy emits it."""
 
     unroll_bytes: int
     learner_unrolls: int
@@ -100,10 +100,14 @@ def unroll_memory(config, env_spec) -> UnrollMemory:
     """The :class:`UnrollMemory` of ``config`` (a :class:`impala_rep.config.RunConfig`) on an
     env of ``env_spec`` (:class:`impala_rep.specs.EnvSpec`)."""
     from impala_rep.config import frame_stack_keys
-    from impala_rep.specs import unroll_spec
+    from impala_rep.distributions import make_policy
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.specs import core_state_spec, unroll_spec
 
     stacks = frame_stack_keys(env_spec.observations, config.frame_stack)
-    spec = unroll_spec(env_spec, config.unroll_length, stacks)
+    network = NetworkConfig(**config.network)
+    spec = unroll_spec(env_spec, config.unroll_length, stacks, core_state_spec(network),
+                       make_policy(env_spec.action, network).action_spec)
     steps = config.unroll_length + 1
     frames = sum(math.prod(obs.shape) * stacks.get(key, 1) for key, obs in env_spec.observations.items())
     return UnrollMemory(

@@ -224,6 +224,13 @@ def stacked_observation_specs(
     return out
 
 
+def core_state_spec(network_config: Any) -> Dict[str, ArraySpec]:
+    """The recurrent state one env carries in an unroll (``core_state/<name>``), by name, for a
+    network of ``network_config`` (:class:`impala_rep.networks.NetworkConfig`); empty without
+    an LSTM."""
+    return {name: ArraySpec(name, shape, "float32") for name, shape in network_config.core_state_shapes().items()}
+
+
 def unroll_spec(
     env_spec: EnvSpec,
     unroll_length: int,

@@ -63,7 +63,7 @@ from impala_rep.flags import configure_logging
 from impala_rep.specs import ArraySpec
 from learner.batcher import Batch, batch_layout
 from learner.queue import QueueClosed
-from learner.server import RUN_OVER_DRAIN_MAX_S, connect_address
+from learner.server import RUN_OVER_RECONNECT_S, connect_address
 
 __all__ = ["IntakeError", "ProcessIntake", "SlotLayout"]
 
@@ -356,7 +356,7 @@ class ProcessIntake:
                 pass
         if self._proc is not None:
             try:
-                self._proc.wait(timeout=(grace or 0) + 10 + RUN_OVER_DRAIN_MAX_S)  # its server's drain (LearnerServer.stop)
+                self._proc.wait(timeout=(grace or 0) + 10 + RUN_OVER_RECONNECT_S)  # its server's drain and cut (LearnerServer.stop)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()

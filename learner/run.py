@@ -33,7 +33,7 @@ import numpy as np
 from impala_rep.config import (AUTO_SETTINGS, RunConfig, actor_view, frame_stack_keys, resolve_intake,
                                resolve_overlap_publish, resolve_param_refresh_lag)
 from impala_rep.flags import check_logdir, configure_logging as configure_base_logging
-from impala_rep.specs import ArraySpec, EnvSpec, stacked_observation_specs, unroll_spec
+from impala_rep.specs import ArraySpec, EnvSpec, core_state_spec, stacked_observation_specs, unroll_spec
 from learner.summaries import ScalarWriter, trim_events_after
 
 if TYPE_CHECKING:
@@ -64,7 +64,6 @@ class Trainer:
 
         from impala_rep.distributions import make_policy
         from impala_rep.networks import NetworkConfig
-        from impala_rep.networks.numpy_backend import NumpyNetwork
         from impala_rep.replicator import make_replicator
         self.config = config
         self.env_spec = env_spec
@@ -72,13 +71,8 @@ class Trainer:
         self.network_config = NetworkConfig(**config.network)
         self.policy = make_policy(env_spec.action, self.network_config)
         self.obs_specs = stacked_observation_specs(env_spec.observations, self.frame_stack)
-        probe_net = NumpyNetwork(self.network_config, self.obs_specs, env_spec.action)
-        core_state = {
-            name: ArraySpec(name, value.shape[1:], value.dtype.name)
-            for name, value in probe_net.initial_state(1).items()
-        }
         self.unroll_spec = unroll_spec(
-            env_spec, config.unroll_length, self.frame_stack, core_state, self.policy.action_spec
+            env_spec, config.unroll_length, self.frame_stack, core_state_spec(self.network_config), self.policy.action_spec
         )
         self.replicator = replicator or make_replicator(
             config.learner, num_replicas=config.replicas, tpu=config.tpu_address

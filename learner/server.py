@@ -45,7 +45,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -73,10 +73,11 @@ TOKEN_METADATA_KEY = "x-impala-token"
 # actors' client (actors/client.py) stops on it instead of retrying.
 RUN_OVER = "the learner's run is over; it takes no more unrolls."
 
-# The longest that stop() waits for open unroll streams to send their next message (and hear
-# RUN_OVER), where that is longer than its ``drain``: an actor whose unrolls take longer than
-# that to fill still retries, then gives up (--give-up-after).
-RUN_OVER_DRAIN_MAX_S = 15.0
+# stop() cancels the unroll streams still open after its drain (an actor between two slow
+# messages, or one that stopped sending): their actors' clients reconnect at once (the first
+# backoff is 0.05-0.1 s) and hear RUN_OVER from the handshake, which they raise at their next
+# send however long after. The most that stop() keeps serving for those reconnects.
+RUN_OVER_RECONNECT_S = 2.0
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 _log = logging.getLogger(__name__)
 
@@ -253,9 +254,10 @@ class LearnerServer:
         self.server_id = uuid.uuid4().hex
         self.metrics = TransportMetrics(self.unroll_length)
         self._streams = 0
-        # Each open unroll stream's [time of its last message (or opening), the gap before it]:
-        # how long stop() waits for the next one (_drain_deadline).
-        self._stream_times: Dict[int, List[float]] = {}
+        # Each open unroll stream's context, by a key of its own: what stop() cancels.
+        self._open_streams: Dict[int, grpc.ServicerContext] = {}
+        # The peers of the streams stop() cancelled that have not yet been told RUN_OVER.
+        self._untold_peers: set = set()
         self._streams_lock = threading.Lock()
         self._stopping = threading.Event()
         self._finished = threading.Event()  # finish(): the run is over
@@ -343,33 +345,45 @@ class LearnerServer:
         self._server, self.port = server, port
         return port
 
-    def finish(self, drain: float = 2.0, next_messages: bool = False) -> None:
+    def finish(self, drain: float = 2.0, cut: bool = False) -> None:
         """Tells the actors that the run is over: from now on every call is answered
         ``OUT_OF_RANGE`` with :data:`RUN_OVER` (actors then stop instead of retrying until they
         give up), and open unroll streams end at their next message. Waits up to ``drain``
-        seconds for those streams to end, and with ``next_messages`` longer where a stream's
-        messages come further apart (:meth:`_drain_deadline`); :meth:`stop` then stops serving."""
+        seconds for those streams to end. With ``cut`` (:meth:`stop`), the streams still open
+        then are cancelled, and it waits up to :data:`RUN_OVER_RECONNECT_S` for their actors
+        to reconnect and hear it (an actor whose next message is minutes away, or that stopped
+        sending, is told now rather than finding the learner gone and retrying)."""
         self._finished.set()
-        deadline = self._drain_deadline(drain) if next_messages else time.monotonic() + max(0.0, float(drain))
+        deadline = time.monotonic() + max(0.0, float(drain))
         while time.monotonic() < deadline:
             with self._streams_lock:
                 if self._streams == 0:
                     return
             time.sleep(0.02)
+        if cut:
+            self._cut_open_streams()
 
-    def _drain_deadline(self, drain: float) -> float:
-        """When to stop waiting for the open streams: ``drain`` seconds from now, or later where
-        a stream's next message is due later (its last message, plus its last gap between
-        messages and half again, plus half a second), but for that no more than
-        :data:`RUN_OVER_DRAIN_MAX_S` from now. A stream that stays silent past that is cut, and
-        its actor retries."""
-        now = time.monotonic()
+    def _cut_open_streams(self) -> None:
         with self._streams_lock:
-            due = max((last + 1.5 * gap + 0.5 for last, gap in self._stream_times.values()), default=now)
-        return max(now + max(0.0, float(drain)), min(due, now + RUN_OVER_DRAIN_MAX_S))
+            contexts = list(self._open_streams.values())
+            self._untold_peers = {context.peer() for context in contexts}
+        for context in contexts:
+            context.cancel()
+        deadline = time.monotonic() + RUN_OVER_RECONNECT_S
+        while time.monotonic() < deadline:
+            with self._streams_lock:
+                if not self._untold_peers:
+                    return
+            time.sleep(0.02)
+        with self._streams_lock:
+            untold, self._untold_peers = len(self._untold_peers), set()
+        _log.info("%d actor connection(s) whose unroll streams were cut did not call again within %.0f s to hear "
+                  "that the run is over; those actors retry until they give up.", untold, RUN_OVER_RECONNECT_S)
 
     def _check_running(self, context: grpc.ServicerContext) -> None:
         if self._finished.is_set():
+            with self._streams_lock:
+                self._untold_peers.discard(context.peer())
             context.abort(grpc.StatusCode.OUT_OF_RANGE, RUN_OVER)
 
     def _abort_stopping(self, context: grpc.ServicerContext) -> None:
@@ -380,13 +394,13 @@ class LearnerServer:
 
     def stop(self, grace: Optional[float] = 1.0, drain: float = 1.0, finish: bool = True) -> None:
         """Stops serving: first :meth:`finish` (the actors are told the run is over; open
-        streams get up to ``drain`` seconds to end, or until their next message is due, up to
-        :data:`RUN_OVER_DRAIN_MAX_S`: an actor slow to fill its next unroll still hears it),
-        then blocked stream handlers return and in-flight calls get ``grace`` seconds.
+        streams get up to ``drain`` seconds to end, then those left are cut and their actors
+        hear it when they reconnect, within :data:`RUN_OVER_RECONNECT_S`), then blocked stream
+        handlers return and in-flight calls get ``grace`` seconds.
         ``finish=False`` stops without saying the run is over (the learner is gone, not done: a
         restarted one may resume it), so the actors retry."""
         if self._server is not None and finish:
-            self.finish(drain, next_messages=True)
+            self.finish(drain, cut=True)
         self._stopping.set()
         if self._server is not None:
             self._server.stop(grace).wait()
@@ -487,8 +501,8 @@ class LearnerServer:
             else:
                 refused = False
                 self._streams += 1
-                times = [time.monotonic(), 0.0]
-                self._stream_times[id(times)] = times
+                key = id(context)
+                self._open_streams[key] = context
         if refused:
             self.metrics.count("streams_refused")
             context.abort(
@@ -503,8 +517,6 @@ class LearnerServer:
             self._stopping.is_set() or self._finished.is_set() or not context.is_active())
         try:
             for raw in request_iterator:
-                now = time.monotonic()
-                times[:] = [now, now - times[0]]
                 self._check_running(context)
                 try:
                     # Parsed in place: the queued arrays are views on these bytes (no copies).
@@ -528,7 +540,7 @@ class LearnerServer:
         finally:
             with self._streams_lock:
                 self._streams -= 1
-                del self._stream_times[id(times)]
+                del self._open_streams[key]
         return transport_pb2.StreamSummary(unrolls_accepted=accepted)
 
     def snapshot_metrics(self) -> Dict[str, float]:

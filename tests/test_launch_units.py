@@ -99,6 +99,22 @@ def test_plan_counts_the_unrolls_by_their_observations_and_the_buffers_lengths()
     assert plans[2].estimated_mb - plans[0].estimated_mb > 3.9 * (plans[1].estimated_mb - plans[0].estimated_mb) > 0
 
 
+def test_plan_counts_an_unroll_as_the_learner_builds_it_with_its_recurrent_state():
+    from impala_rep.distributions import make_policy
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.specs import core_state_spec, unroll_spec
+
+    feed_forward = unroll_memory(RunConfig(env="dmc/cartpole-swingup", actors=32), PIXELS_84)
+    config = RunConfig(env="dmc/cartpole-swingup", actors=32, network={"lstm_size": 256})
+    recurrent = unroll_memory(config, PIXELS_84)
+    assert recurrent.unroll_bytes - feed_forward.unroll_bytes == 2 * 256 * 4  # h and c, float32, once an unroll
+    # the same bytes as the learner's spec of an unroll (learner/run.py builds it so)
+    network = NetworkConfig(**config.network)
+    spec = unroll_spec(PIXELS_84, config.unroll_length, {"pixels": 3}, core_state_spec(network),
+                       make_policy(PIXELS_84.action, network).action_spec)
+    assert recurrent.unroll_bytes == sum(s.nbytes for s in spec.values())
+
+
 def test_plan_refuses_a_replay_buffer_larger_than_the_memory_and_names_the_flags():
     huge = unroll_memory(RunConfig(env="dmc/cartpole-swingup", actors=32, replay_ratio=0.5,
                                    replay_unrolls=100_000), PIXELS_84)

@@ -280,7 +280,7 @@ def test_clients_reconnect_on_their_own_after_a_server_restart():
         client.send(make_unroll(spec, rng), policy_version=0, timeout=10)
     wait_for(lambda: server.metrics.unrolls_accepted == 5, 10, "the first unrolls")
     drain.stop()
-    server.stop(0)
+    server.stop(0, finish=False)  # the learner is gone, not done (a restart resumes the run)
     # Unrolls the sender hands to the open stream before gRPC reports it broken are in flight
     # and lost with the learner; how many depends on the machine's load. Count from the
     # moment the client has noticed (its first reconnect attempt).

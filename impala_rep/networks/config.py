@@ -113,6 +113,14 @@ class NetworkConfig:
         if not _is_int(self.bins) or self.bins < 2:
             raise ValueError(f"NetworkConfig.bins must be an integer of at least 2, got {self.bins!r}.")
 
+    def core_state_shapes(self) -> Dict[str, Tuple[int, ...]]:
+        """The recurrent state one env carries, float32, by name: ``h`` and ``c`` of
+        ``[lstm_size]`` each; empty without an LSTM. Both backends' ``initial_state`` are zeros
+        of these shapes with a batch dimension in front."""
+        if self.lstm_size is None:
+            return {}
+        return {"h": (int(self.lstm_size),), "c": (int(self.lstm_size),)}
+
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)

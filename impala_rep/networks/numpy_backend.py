@@ -231,10 +231,7 @@ class NumpyNetwork:
 
     def initial_state(self, batch: int) -> Dict[str, np.ndarray]:
         """Zero LSTM state ``{"h": [B, H], "c": [B, H]}``; empty without an LSTM."""
-        if self.plan.lstm_size is None:
-            return {}
-        n = self.plan.lstm_size
-        return {"h": np.zeros((batch, n), np.float32), "c": np.zeros((batch, n), np.float32)}
+        return {name: np.zeros((batch,) + shape, np.float32) for name, shape in self.config.core_state_shapes().items()}
 
     # -- forward --
     def _torso(self, t, x: np.ndarray, first_layer: int = 0) -> np.ndarray:

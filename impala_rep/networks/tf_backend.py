@@ -165,10 +165,7 @@ class TFNetwork(tf.Module):
 
     def initial_state(self, batch: int) -> Dict[str, tf.Tensor]:
         """Zero LSTM state ``{"h": [B, H], "c": [B, H]}``; empty without an LSTM."""
-        if self.plan.lstm_size is None:
-            return {}
-        n = self.plan.lstm_size
-        return {"h": tf.zeros([batch, n], tf.float32), "c": tf.zeros([batch, n], tf.float32)}
+        return {name: tf.zeros((batch,) + shape, tf.float32) for name, shape in self.config.core_state_shapes().items()}
 
     # -- forward --
     def _scaled(self, t, x: tf.Tensor) -> tf.Tensor:
