@@ -839,10 +839,7 @@ def check_resumed_settings(config: RunConfig, path: str, learner_kind: Optional[
         resolve = AUTO_SETTINGS.get(key)
         if resolve is None or learner_kind is None:
             return False
-        try:
-            return resolve(earlier[key], learner_kind) == resolve(now[key], learner_kind)
-        except (TypeError, ValueError):  # a hand-edited record: reported as changed
-            return False
+        return resolve(earlier[key], learner_kind) == resolve(now[key], learner_kind)
 
     changed = [f"{k}: {json.dumps(earlier[k])} -> {json.dumps(now[k])}" for k in sorted(earlier)
                if k in now and k not in RESUME_IGNORED_KEYS and not same(k)]

@@ -45,7 +45,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import grpc
 
@@ -253,9 +253,8 @@ class LearnerServer:
         self._grpc_options = list(grpc_options)
         self.server_id = uuid.uuid4().hex
         self.metrics = TransportMetrics(self.unroll_length)
-        self._streams = 0
-        # Each open unroll stream's context, by a key of its own: what stop() cancels.
-        self._open_streams: Dict[int, grpc.ServicerContext] = {}
+        # The open unroll streams' contexts: how many there are, and what stop() cancels.
+        self._open_streams: Set[grpc.ServicerContext] = set()
         # The peers of the streams stop() cancelled that have not yet been told RUN_OVER.
         self._untold_peers: set = set()
         self._streams_lock = threading.Lock()
@@ -357,7 +356,7 @@ class LearnerServer:
         deadline = time.monotonic() + max(0.0, float(drain))
         while time.monotonic() < deadline:
             with self._streams_lock:
-                if self._streams == 0:
+                if not self._open_streams:
                     return
             time.sleep(0.02)
         if cut:
@@ -365,7 +364,7 @@ class LearnerServer:
 
     def _cut_open_streams(self) -> None:
         with self._streams_lock:
-            contexts = list(self._open_streams.values())
+            contexts = list(self._open_streams)
             self._untold_peers = {context.peer() for context in contexts}
         for context in contexts:
             context.cancel()
@@ -496,13 +495,11 @@ class LearnerServer:
         self._check_token(context)
         self._check_running(context)
         with self._streams_lock:
-            if self._streams >= self.max_streams:
+            if len(self._open_streams) >= self.max_streams:
                 refused = True
             else:
                 refused = False
-                self._streams += 1
-                key = id(context)
-                self._open_streams[key] = context
+                self._open_streams.add(context)
         if refused:
             self.metrics.count("streams_refused")
             context.abort(
@@ -539,8 +536,7 @@ class LearnerServer:
                     accepted += 1
         finally:
             with self._streams_lock:
-                self._streams -= 1
-                del self._open_streams[key]
+                self._open_streams.discard(context)
         return transport_pb2.StreamSummary(unrolls_accepted=accepted)
 
     def snapshot_metrics(self) -> Dict[str, float]:

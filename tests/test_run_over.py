@@ -124,9 +124,9 @@ def test_a_stream_whose_actor_does_not_call_again_holds_the_stop_a_bounded_time(
     call = channel.stream_unary(f"/{learner.server.SERVICE_NAME}/StreamUnrolls").future(requests())
     try:
         deadline = time.monotonic() + 5
-        while server._streams == 0 and time.monotonic() < deadline:
+        while not server._open_streams and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert server._streams == 1
+        assert len(server._open_streams) == 1
         t0 = time.monotonic()
         server.stop(grace=0.2, drain=0.1)
         assert 0.5 <= time.monotonic() - t0 < 2.5  # the drain, the cut and the 0.5 s wait, then stopped
