@@ -710,7 +710,10 @@ def configure_threads(learner_threads: Optional[int], cpu_replicas: int = 1) -> 
 # learner took 30-43 page faults per agent step (0.3-0.4 with the pool), and the step on one
 # replica and thread at batch 32 ran 842-951 frames/s against 1,010-1,277 with the pool, two
 # CPU replicas 1,409-1,651 against 1,654-1,743 (forty-seventh session, docs/BENCHMARKS.md).
-# TF_CPU_ALLOCATOR_USE_BFC=false restores malloc.
+# TF_CPU_ALLOCATOR_USE_BFC=false restores malloc, except where TensorFlow turns its oneDNN
+# operations on (by default on Intel hosts with AVX512 VNNI or AMX, as the fifty-second
+# session's): their allocator pools CPU tensors whatever this says, and malloc takes
+# TF_ENABLE_ONEDNN_OPTS=0 as well.
 LEARNER_TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CPU_ALLOCATOR_USE_BFC": "true"}
 
 
@@ -951,7 +954,8 @@ def start_trainer(config: RunConfig, env_spec: EnvSpec):
         return None, stop
     if config.learner == "cpu":
         log.info("TensorFlow's CPU tensors come from %s", "its pool" if tensorflow_cpu_memory() == "pool"
-                 else "malloc (TF_CPU_ALLOCATOR_USE_BFC is not true: each step's large buffers are faulted in again)")
+                 else "malloc (TF_CPU_ALLOCATOR_USE_BFC is not true and oneDNN's operations are off: each "
+                      "step's large buffers are faulted in again)")
     from learner.intake import IntakeError  # TensorFlow-free
 
     try:

@@ -537,13 +537,15 @@ def test_bench_learner_input_flag_errors_are_sentences(argv, message, capsys):
 
 def test_bench_learner_times_the_step_on_the_learners_memory_pool():
     # The learner piece runs the step as the launcher's learner does: TensorFlow's CPU tensors
-    # from its pool (learner.run.LEARNER_TF_ENV), unless the caller's environment says otherwise.
+    # from its pool (learner.run.LEARNER_TF_ENV), unless the caller's environment says otherwise
+    # (malloc takes oneDNN's operations off as well: where TensorFlow turns them on, as on an
+    # Intel host with AMX, their allocator pools CPU tensors whatever TF_CPU_ALLOCATOR_USE_BFC says).
     cmd = [sys.executable, str(SCRIPTS / "bench_learner.py"), "--torso", "shallow", "--replicas", "1",
            "--batch-size", "2", "--unroll-length", "4", "--obs-shape", "32", "32", "3", "--min-steps", "1",
            "--max-steps", "2", "--warmup-steps", "0", "--seconds", "1", "--json"]
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_ENABLE_ONEDNN_OPTS")}
     for setting, expected in ((None, "pool"), ("false", "malloc")):
-        run_env = env if setting is None else dict(env, TF_CPU_ALLOCATOR_USE_BFC=setting)
+        run_env = env if setting is None else dict(env, TF_CPU_ALLOCATOR_USE_BFC=setting, TF_ENABLE_ONEDNN_OPTS="0")
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=run_env, cwd=str(SCRIPTS.parent))
         assert proc.returncode == 0, proc.stderr[-2000:]
         (result,) = json.loads(proc.stdout)

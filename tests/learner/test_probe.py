@@ -88,8 +88,11 @@ def test_the_learners_tensorflow_env_is_set_where_unset_and_a_users_value_stays(
     configure_tensorflow_env()
     assert os.environ["TF_CPU_ALLOCATOR_USE_BFC"] == LEARNER_TF_ENV["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"
-    # The opt-out reaches the learner step: TensorFlow then takes its CPU tensors from malloc.
+    # The opt-out reaches the learner step: TensorFlow then takes its CPU tensors from malloc
+    # (with oneDNN's operations off too: where TensorFlow turns them on, as on an Intel host
+    # with AMX, their allocator pools whatever TF_CPU_ALLOCATOR_USE_BFC says).
     monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "false")
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     configure_tensorflow_env()
     assert os.environ["TF_CPU_ALLOCATOR_USE_BFC"] == "false"
     result = probe_learner_cost(RunConfig(env="catch", unroll_length=5, batch_size=4), catch_spec)
