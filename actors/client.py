@@ -643,6 +643,14 @@ class LearnerClient:
                     return
                 self.reconnects += 1
                 need_handshake = True
+                if e.code() == grpc.StatusCode.CANCELLED and attempt == 0:
+                    # The learner cut this stream (its stop, after the drain): its server waits
+                    # only briefly (RUN_OVER_RECONNECT_S) to tell cut peers that the run is over,
+                    # so the first handshake goes at once, whatever the backoff. It retries with
+                    # backoff itself if the learner is away, and a learner that keeps cancelling
+                    # before reading anything meets the backoff from the second attempt on.
+                    attempt += 1
+                    continue
                 try:
                     self._sleep_backoff(attempt, since, "unroll stream", e)
                 except TransportError as err:

@@ -39,13 +39,13 @@ def test_calls_after_finish_say_the_run_is_over():
 
 
 @contextlib.contextmanager
-def _streaming(capacity: int):
+def _streaming(capacity: int, **client_options):
     """(server, send): a server whose queue holds ``capacity`` unrolls and nothing consumes, and
     ``send(timeout=None)`` queueing a fresh unroll on a connected client that streams one unroll
-    a message."""
+    a message (built with ``client_options`` besides)."""
     spec = small_spec()
     server = start_server(spec, capacity=capacity)
-    client = LearnerClient(server.address, give_up_after_s=30, unrolls_per_message=1)
+    client = LearnerClient(server.address, give_up_after_s=30, unrolls_per_message=1, **client_options)
     rng = np.random.default_rng(0)
     try:
         client.connect()
@@ -87,12 +87,16 @@ def test_stop_ends_an_open_unroll_stream_with_the_run_over():
         _sends_until_run_over(send)
 
 
-def test_an_actor_between_two_slow_unrolls_hears_it_after_the_learner_is_gone():
+@pytest.mark.parametrize("backoff_initial_s", [0.1, 6.0], ids=["default-backoff", "backoff-past-the-wait"])
+def test_an_actor_between_two_slow_unrolls_hears_it_after_the_learner_is_gone(backoff_initial_s):
     # An actor whose next unroll is far off (a slow env, a long unroll) when the learner stops
     # with a short drain: its stream is cut, its client reconnects at once and hears that the
     # run is over, and the actor raises it at its next send, after the server has stopped,
-    # instead of retrying a learner that is gone until it gives up.
-    with _streaming(capacity=64) as (server, send):
+    # instead of retrying a learner that is gone until it gives up. At once whatever its
+    # backoff: a client whose first backoff is longer than the server's wait for cut peers
+    # (RUN_OVER_RECONNECT_S, 2 s; a first backoff of 6 s sleeps 3-6 s with its jitter) hears it too.
+    with _streaming(capacity=64, backoff_initial_s=backoff_initial_s,
+                    backoff_max_s=max(10.0, backoff_initial_s)) as (server, send):
         send()
         send()
         _wait_queued(server, 2)
