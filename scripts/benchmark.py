@@ -272,7 +272,7 @@ def select_window(records: Sequence[Mapping[str, Any]], warmup: float, seconds: 
 
 WINDOW_DIAGNOSTICS = ("queue_fill", "policy_lag_mean", "time_share/wait_batch", "time_share/train",
                       "time_share/publish", "transport/megabytes_per_second", "cores_learner", "cores_actors",
-                      "cores_machine", "cores_learner_tensorflow", "cores_learner_intake",
+                      "cores_machine", "cores_learner_tensorflow", "cores_learner_intake", "cores_stolen",
                       "parameters_sent_per_learner_step")
 
 
@@ -280,7 +280,8 @@ def combine_windows(windows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     """Slices of one run's measurement window as one window: the rates are the summed counts
     over the summed seconds (the time the run was paused between slices is in neither), the
     diagnostics are means weighted by each slice's seconds, and ``slices_agent_steps_per_s``
-    and ``slices`` (wall-clock start and seconds of each) keep the slices."""
+    and ``slices`` (wall-clock start and seconds of each) keep the slices, as does
+    ``slices_cores_stolen`` when every slice has ``cores_stolen``."""
     if not windows:
         raise ValueError("combine_windows needs at least one window.")
     seconds = sum(w["window_seconds"] for w in windows)
@@ -299,6 +300,8 @@ def combine_windows(windows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
             out[key] = sum(w[key] * w["window_seconds"] for w in have) / sum(w["window_seconds"] for w in have)
     out["slices_agent_steps_per_s"] = [w["agent_steps_per_s"] for w in windows]
     out["slices"] = [[w["window_start_time"], w["window_seconds"]] for w in windows]
+    if all("cores_stolen" in w for w in windows):
+        out["slices_cores_stolen"] = [w["cores_stolen"] for w in windows]
     return out
 
 
@@ -548,14 +551,30 @@ def threads_cpu_seconds(pid: int, prefix: str) -> Optional[float]:
     return total
 
 
-def _machine_busy_seconds() -> Optional[float]:
-    """CPU seconds all cores spent busy since boot (``/proc/stat``: all but idle and iowait)."""
+def machine_cpu_seconds() -> Tuple[Optional[float], Optional[float]]:
+    """``(busy, stolen)``: CPU seconds all cores spent busy since boot, and seconds the
+    hypervisor ran something else while this machine's cores wanted to run (``/proc/stat``:
+    busy is user, nice, system, irq and softirq; stolen is the steal column). Stolen time is
+    not in busy: it is time the machine's cores did not get. ``(None, None)`` without /proc."""
     try:
         with open("/proc/stat") as f:
             ticks = [int(v) for v in f.readline().split()[1:]]
-        return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+        tick = os.sysconf("SC_CLK_TCK")
+        return (sum(ticks[:7]) - ticks[3] - ticks[4]) / tick, ticks[7] / tick
     except (OSError, IndexError, ValueError):
-        return None
+        return None, None
+
+
+def with_stolen(measure: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """``measure()``'s result with ``cores_stolen``: the cores' worth of time the hypervisor
+    took from this machine while it ran (stolen seconds over wall seconds, the piece's process
+    start included), when /proc/stat tells."""
+    t0, (_, stolen0) = time.monotonic(), machine_cpu_seconds()
+    result = measure()
+    elapsed, (_, stolen1) = time.monotonic() - t0, machine_cpu_seconds()
+    if stolen0 is not None and stolen1 is not None and elapsed > 0 and "error" not in result:
+        result = {**result, "cores_stolen": (stolen1 - stolen0) / elapsed}
+    return result
 
 
 def cpu_sample(launcher_pid: int) -> Dict[str, Any]:
@@ -569,10 +588,11 @@ def cpu_sample(launcher_pid: int) -> Dict[str, Any]:
     actors = [c for c in (_cpu_seconds(pid) for pid in descendants if pid not in intake) if c is not None]
     learner = _cpu_seconds(launcher_pid)
     intake_cpu = sum(c for c in (_cpu_seconds(pid) for pid in intake) if c is not None)
+    machine, stolen = machine_cpu_seconds()
     return {"time": time.time(), "learner": None if learner is None else learner + intake_cpu,
             "learner_intake": intake_cpu,
             "learner_tensorflow": threads_cpu_seconds(launcher_pid, TF_THREAD_PREFIX), "actors": sum(actors),
-            "actor_processes": len(actors), "machine": _machine_busy_seconds(),
+            "actor_processes": len(actors), "machine": machine, "stolen": stolen,
             "rss_mb": tree_rss_mb(launcher_pid, descendants)}
 
 
@@ -590,7 +610,9 @@ def cpu_split(samples: Sequence[Mapping[str, Any]], start: float, end: float) ->
     process, the actor processes and the whole machine, from the two samples closest to
     those times (``None`` with fewer than two usable samples), and by the learner's
     TensorFlow threads (``cores_learner_tensorflow``) when both samples have them. Actor
-    processes that start or end inside the window make its actor figure approximate."""
+    processes that start or end inside the window make its actor figure approximate. With
+    ``stolen`` in both samples, ``cores_stolen`` is the cores' worth of time the hypervisor
+    took from the machine (not in ``cores_machine``)."""
     usable = [s for s in samples if s.get("learner") is not None and s.get("machine") is not None]
     if len(usable) < 2:
         return None
@@ -600,7 +622,7 @@ def cpu_split(samples: Sequence[Mapping[str, Any]], start: float, end: float) ->
         return None
     elapsed = b["time"] - a["time"]
     keys = ["learner", "actors", "machine"]
-    for extra in ("learner_tensorflow", "learner_intake"):
+    for extra in ("learner_tensorflow", "learner_intake", "stolen"):
         if a.get(extra) is not None and b.get(extra) is not None:
             keys.append(extra)
     return {f"cores_{k}": (b[k] - a[k]) / elapsed for k in keys}
@@ -1019,7 +1041,8 @@ def replica_batch(args, planned: Optional[int] = None) -> int:
 def combine_rounds(rounds: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     """One piece's rounds as one result: the rate is the harmonic mean of the rounds' rates
     (the mean core-seconds per agent step, which is what the ceiling adds up), the other
-    fields are the last round's, and ``rounds_agent_steps_per_s`` lists every round's rate.
+    fields are the last round's, and ``rounds_agent_steps_per_s`` lists every round's rate
+    (``rounds_cores_stolen`` every round's ``cores_stolen``, when each has it).
     A round that failed makes the result that round's error."""
     if not rounds:
         raise ValueError("combine_rounds needs at least one round.")
@@ -1030,6 +1053,8 @@ def combine_rounds(rounds: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     out = dict(rounds[-1])
     out["agent_steps_per_s"] = len(rates) / sum(1.0 / x for x in rates)
     out["rounds_agent_steps_per_s"] = rates
+    if all("cores_stolen" in r for r in rounds):
+        out["rounds_cores_stolen"] = [float(r["cores_stolen"]) for r in rounds]
     return out
 
 
@@ -1041,10 +1066,10 @@ def measure_pieces(workload: Workload, args, report, label: str = "", batch: Opt
     common = ["--workloads", workload.name, "--piece-seconds", str(args.piece_seconds)]
     out: Dict[str, Dict[str, Any]] = {}
     report(f"{workload.name}{label}: env steps/s on one core ...")
-    out["env"] = _run_child(["--child", "env"] + common, args.timeout)
+    out["env"] = with_stolen(lambda: _run_child(["--child", "env"] + common, args.timeout))
     batch = batch or inference_batch(args)
     report(f"{workload.name}{label}: policy inference at batch {batch} on one core ...")
-    out["inference"] = _run_child(["--child", "inference", "--batch", str(batch)] + common, args.timeout)
+    out["inference"] = with_stolen(lambda: _run_child(["--child", "inference", "--batch", str(batch)] + common, args.timeout))
     if "error" in out["inference"]:
         out["learner"] = {"error": "not measured: the learner piece takes its input shapes from the inference piece, which failed."}
     else:
@@ -1052,8 +1077,8 @@ def measure_pieces(workload: Workload, args, report, label: str = "", batch: Opt
         learner_batch = learner_batch or replica_batch(args)
         report(f"{workload.name}{label}: learner frames/s on one core ({'x'.join(map(str, obs_shape))} frames, "
                f"stacked {k} deep, batches of {learner_batch}) ...")
-        out["learner"] = measure_learner(args.piece_seconds, args.timeout, obs_shape, k, action_dims,
-                                         args.learner_precision, learner_batch)
+        out["learner"] = with_stolen(lambda: measure_learner(args.piece_seconds, args.timeout, obs_shape, k, action_dims,
+                                                             args.learner_precision, learner_batch))
     return out
 
 
@@ -1163,6 +1188,9 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
                 extra = f" (batch {r[key]['batch']})" if key == "inference" and "batch" in r[key] else ""
                 rates = r[key].get("rounds_agent_steps_per_s", [])
                 spread = f"  (rounds: {', '.join(f'{x:.1f}' for x in rates)})" if len(rates) > 1 else ""
+                stolen = r[key].get("rounds_cores_stolen", [])
+                if stolen:
+                    spread += f"  (steal: {', '.join(f'{x:.3f}' for x in stolen)} cores)"
                 lines.append(f"  {label + extra:32s} {_fmt(r[key])}{spread}")
         if "ceiling_agent_steps_per_s" in r:
             shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["cost_shares"].items())
@@ -1181,6 +1209,9 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
                           if "cores_learner_tensorflow" in e else "")
                     lines.append(f"  {'':32s} cores used: learner process {e['cores_learner']:.2f}{tf}, actor processes "
                                  f"{e['cores_actors']:.2f}, whole machine {e['cores_machine']:.2f} of {r.get('cores', available_cores()):g}")
+                if "slices_cores_stolen" in e:
+                    lines.append(f"  {'':32s} cores taken by the hypervisor (steal) in each slice: "
+                                 + ", ".join(f"{x:.3f}" for x in e["slices_cores_stolen"]))
                 if "actor_loop_ms_per_step" in e:
                     parts = ", ".join(f"{k} {v:.3f}" for k, v in e["actor_loop_ms_per_step"].items())
                     lines.append(f"  {'':32s} the actors' loop, CPU ms per agent step (their own reports): {parts}")

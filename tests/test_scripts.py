@@ -119,6 +119,31 @@ def test_cpu_split_is_cores_used_between_the_samples_nearest_the_window():
         {"cores_learner": 1.5, "cores_actors": 0.5, "cores_machine": 1.9, "cores_learner_tensorflow": 1.2})
     assert bench.cpu_split(samples[:1], 100.0, 101.0) is None
     assert bench.cpu_split(samples, 105.0, 105.2) is None  # both ends pick the same sample
+    with_steal = [{**s, "stolen": 0.1 * i} for i, s in enumerate(samples)]
+    assert bench.cpu_split(with_steal, start=102.2, end=107.9)["cores_stolen"] == pytest.approx(0.1)
+
+
+def test_machine_cpu_seconds_keeps_stolen_time_out_of_busy_time(tmp_path, monkeypatch):
+    # /proc/stat's first line: user nice system idle iowait irq softirq steal guest guest_nice.
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 20 30 500 40 5 5 60 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    real_open = open
+    monkeypatch.setattr(bench, "open", lambda path, *a, **k: real_open(stat if path == "/proc/stat" else path, *a, **k),
+                        raising=False)
+    monkeypatch.setattr(bench.os, "sysconf", lambda name: 10)
+    busy, stolen = bench.machine_cpu_seconds()
+    assert busy == pytest.approx((100 + 20 + 30 + 5 + 5) / 10) and stolen == pytest.approx(6.0)
+
+
+def test_with_stolen_adds_the_hypervisors_share_of_a_piece(monkeypatch):
+    readings = iter([(0.0, 10.0), (0.0, 10.5)])
+    clock = iter([100.0, 102.0])
+    monkeypatch.setattr(bench, "machine_cpu_seconds", lambda: next(readings))
+    monkeypatch.setattr(bench.time, "monotonic", lambda: next(clock))
+    assert bench.with_stolen(lambda: {"agent_steps_per_s": 5.0}) == {"agent_steps_per_s": 5.0, "cores_stolen": 0.25}
+    monkeypatch.setattr(bench, "machine_cpu_seconds", lambda: (None, None))  # no /proc: nothing added
+    monkeypatch.setattr(bench.time, "monotonic", iter([0.0, 1.0]).__next__)
+    assert bench.with_stolen(lambda: {"agent_steps_per_s": 5.0}) == {"agent_steps_per_s": 5.0}
 
 
 def test_cpu_sample_counts_a_busy_child_as_an_actor():
@@ -135,7 +160,7 @@ def test_cpu_sample_counts_a_busy_child_as_an_actor():
         child.kill()
         child.wait(timeout=30)
     assert b["actor_processes"] >= 1 and b["actors"] - a["actors"] >= 0.25
-    assert b["learner"] >= a["learner"] and b["machine"] > a["machine"]
+    assert b["learner"] >= a["learner"] and b["machine"] > a["machine"] and b["stolen"] >= a["stolen"] >= 0
     assert b["rss_mb"] == pytest.approx(with_child, rel=0.2)  # the sample's tree memory, child included
     assert with_child > bench.tree_rss_mb(os.getpid()) > 10  # this process alone, then plus the child
 
@@ -275,6 +300,9 @@ def test_combine_rounds_takes_the_harmonic_mean_and_keeps_each_round():
     assert out["agent_steps_per_s"] == pytest.approx(2000.0 / 3)
     assert out["rounds_agent_steps_per_s"] == [1000.0, 500.0] and out["batch"] == 16
     assert bench.combine_rounds(rounds[:1])["agent_steps_per_s"] == 1000.0
+    assert "rounds_cores_stolen" not in out
+    stolen = bench.combine_rounds([{**r, "cores_stolen": 0.01 * (i + 1)} for i, r in enumerate(rounds)])
+    assert stolen["rounds_cores_stolen"] == [0.01, 0.02]
     failed = bench.combine_rounds([rounds[0], {"error": "learner crashed"}])
     assert failed == {"error": "learner crashed"}
     with pytest.raises(ValueError, match="at least one round"):
@@ -379,6 +407,9 @@ def test_combine_windows_sums_counts_and_weights_diagnostics_by_seconds():
     assert out["warmup_seconds"] == 30.0 and out["window_start_time"] == 50.0
     assert out["slices_agent_steps_per_s"] == [100.0, 200.0] and out["slices"] == [[50.0, 10.0], [90.0, 30.0]]
     assert bench.combine_windows(windows[:1])["slices_agent_steps_per_s"] == [100.0]
+    assert "slices_cores_stolen" not in out
+    stolen = bench.combine_windows([{**w, "cores_stolen": s} for w, s in zip(windows, (0.05, 0.25))])
+    assert stolen["slices_cores_stolen"] == [0.05, 0.25] and stolen["cores_stolen"] == pytest.approx(0.2)
     with pytest.raises(ValueError, match="at least one window"):
         bench.combine_windows([])
 
