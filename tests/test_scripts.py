@@ -972,6 +972,20 @@ def test_summary_prints_the_learner_split_between_tensorflow_and_the_rest():
     assert "learner process 1.20, actor processes 0.70" in text and "TensorFlow" not in text
 
 
+def test_summary_prints_the_time_the_hypervisor_took_in_slices_and_pieces():
+    e2e = {"actors": 32, "agent_steps_per_s": 3000.0, "window_seconds": 60.0, "plan": "32 actors in 1 process(es)",
+           "cores_learner": 1.2, "cores_actors": 0.7, "cores_machine": 1.9, "slices_cores_stolen": [0.004, 0.25, 0.01]}
+    piece = {"agent_steps_per_s": 1000.0, "rounds_agent_steps_per_s": [900.0, 1100.0], "rounds_cores_stolen": [0.0, 0.125]}
+    result = {"workload": "synthetic", "env_id": "x", "env_kwargs": {}, "network": "shallow", "unroll_length": 20,
+              "batch_size": 32, "cores": 2, "end_to_end": e2e, "env": piece}
+    text = bench.summary([result])
+    assert "cores taken by the hypervisor (steal) in each slice: 0.004, 0.250, 0.010" in text
+    assert "(rounds: 900.0, 1100.0)  (steal: 0.000, 0.125 cores)" in text
+    # An older JSON, without them: no such lines.
+    del e2e["slices_cores_stolen"], piece["rounds_cores_stolen"]
+    assert "steal" not in bench.summary([result])
+
+
 def test_threads_cpu_seconds_counts_only_the_named_threads():
     # Two threads burn 0.3 s of CPU each (however long that takes); only the one whose
     # kernel name starts with the prefix may count, and all of it must.
