@@ -7,7 +7,8 @@ exponential backoff and jitter while the learner is away. The caller keeps its e
 state: ``send`` only blocks (the outbox holds at most ``outbox_size`` encoded messages) until
 the learner is back. ``send_many`` packs several unrolls into each message (``UnrollBatch``,
 up to ``unrolls_per_message`` and the learner's ``max_batch_bytes``): gRPC spends less CPU
-per byte on fewer, larger messages.
+per byte on fewer, larger messages. The outbox holds one message by default, so that
+unrolls do not go stale in it while the learner is the limit.
 
 Errors the learner answers that retrying cannot fix are raised to the caller, on the next
 ``send``/``flush``/``get_parameters``: :class:`InvalidUnrollError` (``INVALID_ARGUMENT``, the
@@ -163,6 +164,10 @@ class LearnerClient:
         given, the channel uses TLS.
       actor_id: a name for this actor in the learner's metrics.
       outbox_size: encoded messages waiting for the sender thread (bound; ``send`` blocks when full).
+        Default 1: an unroll waiting here is acted on by an older policy the longer it waits,
+        and when the learner is the limit every message an actor process holds back adds
+        to the policy lag (a lent H200 learner, 16 actor processes: 62-228 versions with
+        4); one is enough to keep the sender busy while the caller acts.
       unrolls_per_message: the most unrolls ``send_many`` packs into one message (1: one
         unroll per message, as ``send``; learners that take no batches get one per message).
       validate: check keys, dtypes, shapes and size against the handshake before sending
@@ -181,7 +186,7 @@ class LearnerClient:
         root_certificates: Union[None, bytes, str] = None,
         *,
         actor_id: str = "actor",
-        outbox_size: int = 4,
+        outbox_size: int = 1,
         unrolls_per_message: int = DEFAULT_UNROLLS_PER_MESSAGE,
         validate: bool = True,
         backoff_initial_s: float = 0.1,

@@ -294,7 +294,9 @@ def test_clients_reconnect_on_their_own_after_a_server_restart():
             sent_while_down += 1
         except TimeoutError:
             pass
-    assert sent_while_down <= 4 + 2  # the bounded outbox (4) and at most one held back per stream
+    # The bounded outbox (one message by default) and at most one held back per stream. With the
+    # former default of 4 this counted 5: an actor that outruns its learner holds few unrolls back.
+    assert sent_while_down <= 1 + 2
     server2 = LearnerServer(spec, T, UnrollQueue(64), ParameterStore(), frame_stack=FRAME_STACK, port=port)
     server2.start()
     drain2 = Drain(server2.queue, keep=False)
