@@ -2,7 +2,7 @@
 # Prepares, on this (CPU) machine, what a pixel DM Control run needs on a lent NVIDIA machine beside
 # the thirty-sixth session's TensorFlow pieces (../thirty-sixth-session/prepare_gpu_pieces.sh, cut at
 # 52 MiB): dm_control 1.0.50 (its locomotion, blender and dog assets left out: the suite's other
-# domains do not read them), mujoco 3.17 and their small pure-Python dependencies unpacked as cp312
+# domains do not read them), mujoco 3.17 and their small dependencies (labmaze binary, the rest pure Python) unpacked as cp312
 # site-packages, and libglvnd's libEGL, libOpenGL and libGLdispatch from this machine (the lent
 # machine has NVIDIA's EGL vendor library and its glvnd JSON, but no libEGL.so.1 to dispatch to it),
 # xz-compressed and cut into 52 MiB pieces in .dmc/ (git-ignored: .git/info/exclude). scipy and lxml
