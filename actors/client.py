@@ -49,7 +49,10 @@ import numpy as np
 from impala_rep.config import DEFAULT_UNROLLS_PER_MESSAGE
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec
-from impala_rep.wire import UnrollParts, decode_tensors, encode_unroll_batch, encode_unroll_parts, spec_from_proto
+from impala_rep.wire import (
+    PROTOCOL_VERSION, STREAM_ACCEPTED, UnrollParts, decode_tensors, encode_unroll_batch, encode_unroll_parts,
+    spec_from_proto,
+)
 
 __all__ = [
     "TOKEN_METADATA_KEY",
@@ -80,6 +83,14 @@ class _Message(NamedTuple):
     payload: bytes
     unrolls: int
     batch: bool
+
+
+class _OpenedCall:
+    """A stream's call, handed to its request generator once ``future()`` returns it."""
+
+    def __init__(self) -> None:
+        self.call: Optional[grpc.Future] = None
+        self.ready = threading.Event()
 
 
 class TransportError(RuntimeError):
@@ -246,7 +257,9 @@ class LearnerClient:
         # Taken from the outbox but not handed to gRPC, or handed to a stream the learner
         # refused before reading it (stream limit): sent first on the next stream.
         self._pending: collections.deque = collections.deque()
-        self._yielded: collections.deque = collections.deque(maxlen=int(outbox_size) + 1)
+        # Handed to the current stream before the learner confirmed it (STREAM_ACCEPTED): at
+        # most its first message, since _requests holds back the rest until then.
+        self._yielded: collections.deque = collections.deque()
         self._handshake: Optional[Handshake] = None
         self._have_version = 0
         self._prefetched: Optional[grpc.Future] = None  # prefetch_parameters' call in flight
@@ -552,6 +565,11 @@ class LearnerClient:
         reply = self._retry(
             lambda: self._handshake_call(request, metadata=self._metadata, timeout=self._call_timeout), "handshake"
         )
+        if int(reply.protocol_version) != PROTOCOL_VERSION:
+            raise TransportError(
+                f"the learner at {self.address} speaks transport protocol {int(reply.protocol_version)} and this "
+                f"actor speaks {PROTOCOL_VERSION}; run the same impala_rep version on the learner and the actors."
+            )
         hs = Handshake(
             server_id=reply.server_id,
             protocol_version=int(reply.protocol_version),
@@ -589,18 +607,36 @@ class LearnerClient:
                     return False
         return not self._discard
 
-    def _requests(self, done: threading.Event, batch: bool):
+    def _requests(self, done: threading.Event, batch: bool, opened: "_OpenedCall"):
         """Yields queued messages of one kind into the current stream until it ends, the next
         message is of the other kind (the stream ends; the next one carries it), or the client
-        closes."""
+        closes. After the first message it waits for the learner to confirm the stream
+        (STREAM_ACCEPTED in its initial metadata): gRPC may pull several messages before a
+        refusal arrives, and the learner reads none of a refused stream's messages, so only what
+        was yielded before the confirmation needs sending again."""
+        accepted = False
         while self._next_message(done):
             if done.is_set() or self._pending[0].batch != batch:
                 return  # keep _pending for the next stream
             item = self._pending.popleft()
-            self._yielded.append(item)
+            if not accepted:
+                self._yielded.append(item)
             self.unrolls_sent += item.unrolls
             self.messages_sent += 1
             yield item.payload
+            if not accepted:
+                if not self._stream_accepted(opened, done):
+                    return  # refused or ended: the call's status says which (_sender_loop)
+                accepted = True
+                self._yielded.clear()
+
+    def _stream_accepted(self, opened: "_OpenedCall", done: threading.Event) -> bool:
+        """Whether the learner confirmed the stream; waits for its initial metadata, which a
+        refusal or a cancelled call also ends (without STREAM_ACCEPTED)."""
+        while not opened.ready.wait(0.05):  # gRPC may pull the first message before future() returns
+            if done.is_set() or self._closing.is_set():
+                return False
+        return tuple(STREAM_ACCEPTED) in [tuple(m) for m in (opened.call.initial_metadata() or ())]
 
     def _sender_main(self) -> None:
         """The sender thread: whatever ends it unexpectedly (even from inside its own error
@@ -626,7 +662,10 @@ class LearnerClient:
                 if not self._next_message():
                     return  # closing with nothing left to send
                 batch = self._pending[0].batch
-                call = self._stream_calls[batch].future(self._requests(done, batch), metadata=self._metadata)
+                opened = _OpenedCall()
+                call = self._stream_calls[batch].future(self._requests(done, batch, opened), metadata=self._metadata)
+                opened.call = call
+                opened.ready.set()
                 self._call = call
                 call.add_done_callback(lambda _: done.set())
                 call.result()

@@ -29,6 +29,15 @@ import numpy as np
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec
 
+# The transport protocol both ends speak; the learner announces it in its handshake and an
+# actor refuses a learner that speaks another one (2: the learner confirms each unroll stream
+# it serves with STREAM_ACCEPTED before reading from it).
+PROTOCOL_VERSION = 2
+# The initial metadata the learner sends on an unroll stream it serves. An actor sends nothing
+# beyond a stream's first message until it has it: a stream refused for the stream limit then
+# carries at most one message, which the actor sends again on its next stream.
+STREAM_ACCEPTED = ("x-impala-stream", "accepted")
+
 __all__ = [
     "WireError",
     "WIRE_DTYPES",

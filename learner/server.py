@@ -52,7 +52,7 @@ import grpc
 from impala_rep.config import MAX_PARAM_REFRESH_LAG
 from impala_rep.proto import transport_pb2
 from impala_rep.specs import ArraySpec
-from impala_rep.wire import WireError, spec_to_proto, split_unroll_batch
+from impala_rep.wire import PROTOCOL_VERSION, STREAM_ACCEPTED, WireError, spec_to_proto, split_unroll_batch
 from learner.params import ParameterStore
 from learner.queue import QueueClosed, UnrollQueue
 from learner.validation import REJECT_REASONS, UnrollRejected, UnrollValidator
@@ -66,7 +66,6 @@ __all__ = [
     "connect_address",
 ]
 
-PROTOCOL_VERSION = 1
 SERVICE_NAME = "impala_rep.transport.Learner"
 TOKEN_METADATA_KEY = "x-impala-token"
 # What every call gets once the run is over (finish()), with grpc.StatusCode.OUT_OF_RANGE: the
@@ -513,6 +512,8 @@ class LearnerServer:
         cancelled = lambda: (  # noqa: E731
             self._stopping.is_set() or self._finished.is_set() or not context.is_active())
         try:
+            # Before reading: the client holds back all but the first message until it has this.
+            context.send_initial_metadata((STREAM_ACCEPTED,))
             for raw in request_iterator:
                 self._check_running(context)
                 try:

@@ -3,6 +3,7 @@ reconnect, queue bound under a flood, stream limit, TLS, default bind address.""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import socket
@@ -43,6 +44,23 @@ def test_handshake_announces_spec_limits_version_and_run_config():
             assert hs.max_message_bytes == server.validator.max_message_bytes
             assert hs.run_config_dict() == run_config
             assert hs.server_id == server.server_id
+    finally:
+        server.stop()
+
+
+def test_a_learner_that_speaks_another_protocol_is_refused_with_a_sentence(monkeypatch):
+    import learner.server as server_module
+    from impala_rep.wire import PROTOCOL_VERSION
+
+    monkeypatch.setattr(server_module, "PROTOCOL_VERSION", PROTOCOL_VERSION - 1)
+    server = start_server()
+    try:
+        with LearnerClient(server.address, give_up_after_s=5) as client:
+            with pytest.raises(TransportError) as info:
+                client.connect()
+        assert str(info.value) == (
+            f"the learner at {server.address} speaks transport protocol {PROTOCOL_VERSION - 1} and this actor "
+            f"speaks {PROTOCOL_VERSION}; run the same impala_rep version on the learner and the actors.")
     finally:
         server.stop()
 
@@ -338,36 +356,144 @@ def test_interrupt_ends_a_wait_for_an_absent_learner_at_once():
     client.close(drain=False)
 
 
+@contextlib.contextmanager
+def _one_stream_taken(spec, b_give_up_s: float, b_backoff=(0.05, 0.2), keep: bool = False):
+    """A learner serving one stream at most, client a's stream open on it (one unroll of tag -1
+    accepted) and client b waiting to be refused: yields (server, drain, a, b, rng)."""
+    server = start_server(spec, capacity=256, max_streams=1)
+    drain = Drain(server.queue, keep=keep)
+    a = LearnerClient(server.address, actor_id="a", give_up_after_s=20)
+    b = LearnerClient(server.address, actor_id="b", backoff_initial_s=b_backoff[0], backoff_max_s=b_backoff[1],
+                      give_up_after_s=b_give_up_s)
+    try:
+        rng = np.random.default_rng(0)
+        a.send(make_unroll(spec, rng, tag=-1.0), policy_version=0)
+        wait_for(lambda: server.metrics.unrolls_accepted == 1, 10, "client a's stream")
+        yield server, drain, a, b, rng
+    finally:
+        b.close(drain=False)
+        a.close(drain=False)
+        drain.stop()
+        server.stop(0)
+
+
 def test_streams_beyond_the_limit_are_refused_and_retried():
     spec = small_spec()
-    server = start_server(spec, capacity=64, max_streams=1)
-    drain = Drain(server.queue, keep=False)
-    try:
-        a = LearnerClient(server.address, actor_id="a", give_up_after_s=20)
-        b = LearnerClient(server.address, actor_id="b", backoff_initial_s=0.05, backoff_max_s=0.2, give_up_after_s=20)
-        rng = np.random.default_rng(0)
-        a.send(make_unroll(spec, rng), policy_version=0)
-        wait_for(lambda: server.metrics.unrolls_accepted == 1, 10, "client a's stream")
+    with _one_stream_taken(spec, b_give_up_s=20) as (server, _, a, b, rng):
         b.send(make_unroll(spec, rng), policy_version=0)
         wait_for(lambda: server.metrics.streams_refused >= 1, 10, "a refused stream")
         a.close()  # frees the slot; b's retry gets in
         wait_for(lambda: server.metrics.unrolls_accepted == 2, 20, "client b after a left")
         b.close()
+
+
+def test_a_client_refused_again_and_again_for_the_stream_limit_loses_and_repeats_nothing():
+    """Client b is refused (one stream at most) while it keeps sending: every unroll it sent
+    reaches the learner exactly once, in order, after a leaves."""
+    spec = small_spec()
+    with _one_stream_taken(spec, b_give_up_s=30, b_backoff=(0.02, 0.05), keep=True) as (server, drain, a, b, rng):
+        n = 30
+        sender = threading.Thread(
+            target=lambda: [b.send(make_unroll(spec, rng, tag=float(i)), policy_version=0, timeout=30) for i in range(n)],
+            daemon=True)
+        sender.start()
+        wait_for(lambda: server.metrics.streams_refused >= 10, 20, "ten refused streams")
+        a.close()
+        sender.join(30)
+        assert not sender.is_alive()
+        b.close()
+        wait_for(lambda: drain.count == n + 1, 20, "every unroll")
+        tags = [float(it.tensors["reward"][1]) for it in drain.items if it.actor_id == "b"]
+        assert tags == [float(i) for i in range(n)], tags
+        assert b.unrolls_sent == n
+
+
+class _StreamLimitRefusal(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def details(self):
+        return "the learner serves at most 1 unroll streams at once, one per actor process"
+
+
+class _PullsThenRefuses:
+    """A stream call that, like gRPC before a refusal arrives, pulls up to ``pull`` messages
+    from the client's requests, then fails with the learner's stream-limit refusal."""
+
+    def __init__(self, requests, pull: int):
+        self.pulled: list = []
+        self._done = threading.Event()
+        self._callbacks: list = []
+
+        def consume():
+            for payload in requests:
+                self.pulled.append(payload)
+                if len(self.pulled) >= pull:
+                    break
+            self._done.set()
+            for fn in self._callbacks:
+                fn(self)
+
+        threading.Thread(target=consume, daemon=True).start()
+
+    def initial_metadata(self):
+        return ()  # a refusal's: no STREAM_ACCEPTED
+
+    def add_done_callback(self, fn):
+        self._callbacks.append(fn)
+
+    def result(self, timeout=None):
+        assert self._done.wait(10)
+        raise _StreamLimitRefusal()
+
+    def cancel(self):
+        return False
+
+    def done(self):
+        return self._done.is_set()
+
+
+def test_what_grpc_pulled_before_a_stream_limit_refusal_is_sent_again_not_lost():
+    """gRPC may pull several messages from a stream's requests before the learner's refusal
+    comes back; the client hands over only the first until the learner confirms the stream, and
+    sends that one again."""
+    spec = small_spec()
+    server = start_server(spec, capacity=64)
+    drain = Drain(server.queue, keep=True)
+    client = LearnerClient(server.address, actor_id="b", backoff_initial_s=0.02, backoff_max_s=0.05,
+                           give_up_after_s=20, unrolls_per_message=1)
+    refused = []
+    real = dict(client._stream_calls)
+
+    class FirstRefused:
+        def __init__(self, batch):
+            self.batch = batch
+
+        def future(self, requests, metadata=None):
+            if not refused:
+                refused.append(_PullsThenRefuses(requests, pull=3))
+                return refused[0]
+            return real[self.batch].future(requests, metadata=metadata)
+
+    client._stream_calls = {batch: FirstRefused(batch) for batch in (False, True)}
+    try:
+        rng = np.random.default_rng(0)
+        for i in range(4):
+            client.send(make_unroll(spec, rng, tag=float(i)), policy_version=0, timeout=20)
+        client.flush(timeout=20)
+        wait_for(lambda: drain.count == 4, 20, "four unrolls")
+        assert [float(it.tensors["reward"][1]) for it in drain.items] == [0.0, 1.0, 2.0, 3.0]
+        assert len(refused[0].pulled) == 1  # the rest waited for a confirmed stream
+        assert client.unrolls_sent == 4 and client.reconnects == 1
     finally:
+        client.close(drain=False)
         drain.stop()
         server.stop(0)
 
 
 def test_a_client_refused_for_the_stream_limit_is_told_so_not_asked_whether_the_learner_runs():
     spec = small_spec()
-    server = start_server(spec, capacity=64, max_streams=1)
-    drain = Drain(server.queue, keep=False)
-    a = LearnerClient(server.address, actor_id="a", give_up_after_s=20)
-    b = LearnerClient(server.address, actor_id="b", backoff_initial_s=0.05, backoff_max_s=0.2, give_up_after_s=1.0)
-    try:
-        rng = np.random.default_rng(0)
-        a.send(make_unroll(spec, rng), policy_version=0)
-        wait_for(lambda: server.metrics.unrolls_accepted == 1, 10, "client a's stream")
+    with _one_stream_taken(spec, b_give_up_s=1.0) as (server, _, a, b, rng):
         b.send(make_unroll(spec, rng), policy_version=0)
         wait_for(lambda: b._fatal is not None, 20, "client b giving up")  # its sender thread gave up
         with pytest.raises(LearnerUnavailableError) as info:
@@ -376,11 +502,6 @@ def test_a_client_refused_for_the_stream_limit_is_told_so_not_asked_whether_the_
         assert message.startswith(f"the learner at {server.address} has refused this client for 1 s (unroll stream: "
                                   "RESOURCE_EXHAUSTED: the learner serves at most 1 unroll streams at once"), message
         assert "--max-actor-streams" in message and "is it running?" not in message, message
-    finally:
-        b.close(drain=False)
-        a.close(drain=False)
-        drain.stop()
-        server.stop(0)
 
 
 def test_a_call_retrying_for_an_absent_learner_stops_at_what_the_sender_thread_learnt():
