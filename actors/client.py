@@ -8,7 +8,10 @@ state: ``send`` only blocks (the outbox holds at most ``outbox_size`` encoded me
 the learner is back. ``send_many`` packs several unrolls into each message (``UnrollBatch``,
 up to ``unrolls_per_message`` and the learner's ``max_batch_bytes``): gRPC spends less CPU
 per byte on fewer, larger messages. The outbox holds one message by default, so that
-unrolls do not go stale in it while the learner is the limit.
+unrolls do not go stale in it while the learner is the limit. On each new stream the client
+hands gRPC one message until the learner confirms the stream (``STREAM_ACCEPTED``); a stream
+refused for the learner's stream limit thus carries one message, which the next stream sends
+again, and nothing is lost however often the refusal comes.
 
 Errors the learner answers that retrying cannot fix are raised to the caller, on the next
 ``send``/``flush``/``get_parameters``: :class:`InvalidUnrollError` (``INVALID_ARGUMENT``, the
