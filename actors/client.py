@@ -639,7 +639,7 @@ class LearnerClient:
         while not opened.ready.wait(0.05):  # gRPC may pull the first message before future() returns
             if done.is_set() or self._closing.is_set():
                 return False
-        return tuple(STREAM_ACCEPTED) in [tuple(m) for m in (opened.call.initial_metadata() or ())]
+        return STREAM_ACCEPTED in tuple(opened.call.initial_metadata() or ())  # gRPC's items are named tuples
 
     def _sender_main(self) -> None:
         """The sender thread: whatever ends it unexpectedly (even from inside its own error

@@ -449,9 +449,6 @@ class _PullsThenRefuses:
     def cancel(self):
         return False
 
-    def done(self):
-        return self._done.is_set()
-
 
 def test_what_grpc_pulled_before_a_stream_limit_refusal_is_sent_again_not_lost():
     """gRPC may pull several messages from a stream's requests before the learner's refusal
