@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import math
 import os
 import re
 from typing import Any, Dict, List, Optional
 
-from impala_rep.config import ACCELERATOR_PARAM_REFRESH_LAG, CPU_PARAM_REFRESH_LAG, DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
+from impala_rep.config import ACCELERATOR_PARAM_REFRESH_LAG, CPU_PARAM_REFRESH_LAG, DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, NEVER_KEYS, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
 
-__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "ignored_flags", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser"]
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "ignored_flags", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser", "parse_flags", "read_config_file", "config_file_flags", "CONFIG_NOT_CARRIED"]
 
 
 # make_replicator's errors name its arguments (kind=, tpu=, num_replicas=); on the command line
@@ -79,7 +81,12 @@ class CommandLineParser(argparse.ArgumentParser):
     where the flags are listed, without argparse's usage block (dozens of lines of flags) in
     front of it."""
 
+    # Where the flags being parsed come from, when not the command line (--config's file).
+    source: Optional[str] = None
+
     def error(self, message: str):
+        if self.source:
+            message = f"{message} (in the settings {self.source} gives; edit them there or give the flag yourself)"
         self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the flags.)\n")
 
 
@@ -226,10 +233,13 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="clip (scaled) rewards to [-x, x] in the loss (IMPALA's Atari setting: 1)")
     g.add_argument("--clip-norm", type=positive_float, default=40.0, help="global-norm gradient clip")
     g.add_argument("--no-anneal", action="store_true", help="keep the learning rate constant instead of annealing it to 0")
+    g.add_argument("--anneal", dest="no_anneal", action="store_false", default=argparse.SUPPRESS,
+                   help="anneal the learning rate (the default; undoes a --no-anneal that --config carries)")
     g.add_argument("--lr-warmup", type=_nonnegative_int, default=None, metavar="STEPS",
                    help="ramp the learning rate up linearly over the first STEPS learner steps (default: 100, or "
                         "5%% of the run's learner steps if that is fewer; 0: none)")
-    g.add_argument("--jit", action="store_true", help="compile the learner step with XLA")
+    g.add_argument("--jit", action=argparse.BooleanOptionalAction, default=False,
+                   help="compile the learner step with XLA (default: not)")
     g.add_argument("--learner-precision", choices=LEARNER_PRECISIONS, default="float32",
                    help="what the learner network's torsos compute in: float32 (default) or bfloat16 (mixed "
                         "precision: variables, gradients and the actors' parameters stay float32). bfloat16 is "
@@ -267,6 +277,11 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                         "1000/action_repeat, for dmc/ ids; 0, off, for others)")
 
     g = parser.add_argument_group("run directory")
+    g.add_argument("--config", default=None, metavar="RUN_DIR|FILE",
+                   help="start from the settings of an earlier run (its directory, or its config.json); flags "
+                        "given here override them. Not carried: where the run writes and how it is served "
+                        "(--logdir, --no-resume, --bind, --port, --token, TLS) and the plan the launcher makes "
+                        "for this host's cores (actor processes, their niceness, CPU replicas)")
     g.add_argument("--logdir", default="runs/default", help="checkpoints, policy, summaries, metrics.jsonl, config.json")
     g.add_argument("--checkpoint-interval", type=interval_seconds, default=600.0,
                    help="seconds between checkpoints, or never (a checkpoint is still written when the run ends or is stopped)")
@@ -278,7 +293,8 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="evaluate each exported policy (every checkpoint and the last) on N episodes in a "
                         "separate process: eval/eval-STEP.json, eval/return in TensorBoard, a log line "
                         "(default 0: none)")
-    g.add_argument("--eval-greedy", action="store_true", help="those evaluations act with the policy's mode")
+    g.add_argument("--eval-greedy", action=argparse.BooleanOptionalAction, default=False,
+                   help="those evaluations act with the policy's mode (default: they sample)")
 
     g = parser.add_argument_group("network service")
     g.add_argument("--bind", default="127.0.0.1", help="interface the learner listens on (default loopback only)")
@@ -338,6 +354,174 @@ def _desync_steps(args: argparse.Namespace, env_kwargs: Dict[str, Any]) -> int:
         return steps
     repeat = _action_repeat(args.env, env_kwargs)
     return -(-1000 // repeat) if args.env.startswith("dmc/") and repeat is not None else 0
+
+
+# Settings of a run's config.json that --config does not carry into a new run: where the run
+# writes and how it is served, which the new run gives itself, and the launcher's plan for the
+# cores of the host it ran on (actor processes, their niceness, CPU replicas), which it makes
+# again for the host it runs on.
+CONFIG_NOT_CARRIED = ("logdir", "resume", "bind", "port", "token", "tls_cert", "tls_key",
+                      "actor_processes", "actor_nice", "replicas")
+# The keys of config.json's nested settings (config_from_args writes them).
+_CONFIG_NESTED = {
+    "network": ("torso", "policy", "bins", "lstm_size"),
+    "loss": ("discount", "entropy_cost", "baseline_cost", "reward_scale", "reward_clip"),
+    "optimizer": ("learning_rate", "clip_norm", "anneal_steps", "anneal_seconds", "warmup_steps"),
+}
+# Settings carried as the flag of the same name (underscores as dashes), and renamed ones.
+_CONFIG_AS_FLAG = (
+    "env", "actors", "learner", "tpu_address", "unroll_length", "batch_size", "frame_stack", "total_steps", "seed",
+    "keep_checkpoints", "queue_unrolls", "max_actor_restarts", "unrolls_per_message", "param_refresh_lag",
+    "max_actor_streams", "learner_precision", "overlap_publish", "intake", "replay_ratio", "replay_unrolls",
+    "eval_episodes",
+)
+_CONFIG_RENAMED = {"time_budget_s": "--time-budget", "checkpoint_interval_s": "--checkpoint-interval",
+                   "log_interval_s": "--log-interval"}
+_CONFIG_NESTED_FLAGS = {
+    ("network", "torso"): "--network", ("network", "policy"): "--policy", ("network", "bins"): "--bins",
+    ("network", "lstm_size"): "--lstm-size", ("loss", "discount"): "--discount",
+    ("loss", "entropy_cost"): "--entropy-cost", ("loss", "baseline_cost"): "--baseline-cost",
+    ("loss", "reward_clip"): "--reward-clip", ("optimizer", "learning_rate"): "--learning-rate",
+    ("optimizer", "clip_norm"): "--clip-norm",
+}
+_CONFIG_SWITCHES = {"jit_compile": "--jit", "eval_greedy": "--eval-greedy"}
+
+
+def read_config_file(path: str) -> "tuple[str, Dict[str, Any]]":
+    """The file ``--config path`` names (``path/config.json`` for a run directory) and the
+    settings in it, checked for shape: a JSON object of RunConfig's keys (nested ones too).
+    Raises UsageError with a sentence otherwise; values are checked as flags later."""
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        where = (f"the run directory {path} holds no config.json (a run writes it once its learner serves)"
+                 if os.path.isdir(path) else f"{path} is not a file or a directory")
+        raise UsageError(f"--config {path}: {where}; give an earlier run's directory or its config.json.")
+    try:
+        with open(file, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--config {file} cannot be read ({exc}).") from None
+    except ValueError as exc:
+        raise UsageError(f"--config {file} is not JSON ({exc}); give a run's config.json.") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {file} holds a JSON {type(data).__name__}, not an object of settings; "
+                         "give a run's config.json.")
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise UsageError(f"--config {file} has settings this version does not know: {', '.join(unknown)}; "
+                         f"the known ones are {', '.join(sorted(known))}.")
+    for key, subkeys in _CONFIG_NESTED.items():
+        if key not in data:
+            continue
+        if not isinstance(data[key], dict):
+            raise UsageError(f"--config {file}: {key} must be an object of {', '.join(subkeys)}, got {data[key]!r}.")
+        unknown = sorted(set(data[key]) - set(subkeys))
+        if unknown:
+            raise UsageError(f"--config {file}: {key} has settings this version does not know: "
+                             f"{', '.join(unknown)}; the known ones are {', '.join(subkeys)}.")
+    if not isinstance(data.get("env", ""), str):
+        raise UsageError(f"--config {file}: env must be an env id such as dmc/cartpole-swingup, got {data['env']!r}.")
+    if not isinstance(data.get("env_kwargs", {}), dict):
+        raise UsageError(f"--config {file}: env_kwargs must be an object of env arguments, got {data['env_kwargs']!r}.")
+    return file, data
+
+
+def _flag_text(value: Any) -> str:
+    """A setting as the command line writes it (floats exactly, as repr does)."""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def config_file_flags(data: Dict[str, Any], env: Optional[str], env_args: List[str]) -> List[str]:
+    """The flags (``--flag=value`` or a switch) that give a new run the settings ``data`` (a
+    run's config.json) holds, except those in CONFIG_NOT_CARRIED. ``env`` is the env the new run's command line names (None if
+    it names none) and ``env_args`` its ``--env-arg`` items: the earlier run's env arguments are
+    carried only to the same env, and only for keys the command line does not give. Settings
+    that the flags derive by default (the reward scale, the learning rate's warm-up, the desync
+    steps) are carried only where the earlier run's differ from that default, so that they are
+    derived again when the new run's env or budget differs."""
+    flags: List[str] = []
+
+    def add(flag: str, value: Any) -> None:
+        if value is not None:  # FLAG=VALUE: a value that starts with a dash stays a value
+            flags.append(f"{flag}={_flag_text(value)}")
+
+    for key in _CONFIG_AS_FLAG:
+        if key in data and not (key == "env" and env is not None):
+            add("--" + key.replace("_", "-"), data[key])
+    for key, flag in _CONFIG_RENAMED.items():
+        if key in data:
+            add(flag, "never" if key in NEVER_KEYS and data[key] is None else data[key])
+    for (outer, inner), flag in _CONFIG_NESTED_FLAGS.items():
+        add(flag, data.get(outer, {}).get(inner))
+    for key, flag in _CONFIG_SWITCHES.items():
+        if data.get(key) is True:
+            flags.append(flag)
+    if "optimizer" in data and "anneal_steps" not in data["optimizer"]:
+        flags.append("--no-anneal")
+    run_env = data.get("env", "dmc/cartpole-swingup")
+    env_kwargs = data.get("env_kwargs", {})
+    if env is None or env == run_env:
+        given = {item.partition("=")[0].strip() for item in env_args}
+        for key, value in env_kwargs.items():
+            if key not in given:
+                add("--env-arg", f"{key}={json.dumps(value)}")
+    # Derived by default: carried where the earlier run's differ from what its own settings derive.
+    repeat = _action_repeat(run_env, env_kwargs)
+    scale = data.get("loss", {}).get("reward_scale")
+    if scale is not None and repeat is not None and scale != 1.0 / repeat:
+        add("--reward-scale", scale)
+    if "desync_steps" in data and repeat is not None:
+        derived = -(-1000 // repeat) if run_env.startswith("dmc/") else 0
+        if data["desync_steps"] != derived:
+            add("--desync-steps", data["desync_steps"])
+    warmup = data.get("optimizer", {}).get("warmup_steps")
+    if warmup is not None:
+        batch, unroll = data.get("batch_size", 32), data.get("unroll_length", 20)
+        try:
+            fresh = batch - replayed_per_batch(batch, data.get("replay_ratio", 0.0))
+            updates = -(-data.get("total_steps", 2_000_000) // (unroll * fresh))
+            derived = min(100, updates // 20)
+        except (TypeError, ValueError, ZeroDivisionError):  # bad values: the flags say which
+            derived = None
+        if warmup != derived:
+            add("--lr-warmup", warmup)
+    return flags
+
+
+def parse_flags(parser: "CommandLineParser", argv: Optional[List[str]] = None) -> "tuple[argparse.Namespace, Optional[str], List[str]]":
+    """Parses the command line; with ``--config``, the earlier run's settings (as flags) are
+    added where the command line does not give them. Returns the arguments, the
+    settings file (or None) and the flags it gave. A bad file or setting in it exits with a
+    sentence, as a bad flag does."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None) is None:
+        return args, None, []
+    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
+    # Which flags the command line gives: those it leaves out keep the marker (appended ones,
+    # --env-arg, are the command line's alone in ``args``).
+    unset = object()
+    marked = {action.dest for action in parser._actions if not isinstance(action, argparse._AppendAction)}
+    parsed = vars(parser.parse_args(argv, namespace=argparse.Namespace(**{dest: unset for dest in marked})))
+    given = {dest for dest in marked if parsed[dest] is not unset}
+    try:
+        file, data = read_config_file(args.config)
+    except UsageError as exc:
+        parser.error(str(exc))
+    carried = config_file_flags(data, args.env if "env" in given else None, args.env_arg)
+    # Left out: what the command line gives, and what the parser lacks (learner.run has no
+    # actor flags).
+    carried = [flag for flag in carried
+               if flag.partition("=")[0] in dests and dests[flag.partition("=")[0]] not in given]
+    parser.source = file
+    try:  # a bad setting in the file is named as coming from it
+        parser.parse_args(carried)
+    finally:
+        parser.source = None
+    return parser.parse_args(carried + argv), file, carried
 
 
 def check_output_path(path: str, flag: str, directory: bool = False) -> None:

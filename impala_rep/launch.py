@@ -231,8 +231,11 @@ def main(argv=None) -> int:
     configure_logging()
     configure_tensorflow_env()  # the learner runs in this process
     parser = build_parser()
-    args = parser.parse_args(argv)
-    from impala_rep.flags import config_from_args, ignored_flags
+    from impala_rep.flags import config_from_args, ignored_flags, parse_flags
+
+    args, settings_file, carried = parse_flags(parser, argv)
+    if settings_file:
+        log.info("settings from %s (the flags given here override them): %s", settings_file, " ".join(carried))
 
     cores = available_cores()
     try:

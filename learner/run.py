@@ -968,7 +968,7 @@ def start_trainer(config: RunConfig, env_spec: EnvSpec):
 
 
 def main(argv=None) -> int:
-    from impala_rep.flags import CommandLineParser, add_learner_flags, config_from_args, ignored_flags
+    from impala_rep.flags import CommandLineParser, add_learner_flags, config_from_args, ignored_flags, parse_flags
     from impala_rep.probe import probe_env_spec
 
     configure_logging()
@@ -978,7 +978,9 @@ def main(argv=None) -> int:
         description="Run the learner alone; start actors elsewhere with python -m actors.run --learner-address HOST:PORT.",
     )
     add_learner_flags(parser)
-    args = parser.parse_args(argv)
+    args, settings_file, carried = parse_flags(parser, argv)
+    if settings_file:
+        log.info("settings from %s (the flags given here override them): %s", settings_file, " ".join(carried))
     try:
         config = config_from_args(args)
         for note in ignored_flags(config):
