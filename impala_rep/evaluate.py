@@ -185,6 +185,32 @@ def _write_video(path: str, frames: List[np.ndarray], fps: int = 30) -> None:
             writer.append_data(np.ascontiguousarray(frame))
 
 
+# Where a run's checkpoints are exported for evaluation (learner.export): RUN_DIR/exports/ckpt-N.
+EXPORTS = "exports"
+
+
+def export_for_evaluation(run_dir: str, step: int) -> str:
+    """The policy of the run's checkpoint at learner step ``step``: ``RUN_DIR/exports/ckpt-STEP``,
+    exported there first (``python -m learner.export`` in a child process: TensorFlow and
+    MuJoCo's renderer cannot share this one) unless an export newer than the checkpoint is
+    there. Raises ValueError with the exporter's sentence when it cannot."""
+    import subprocess
+
+    out = os.path.join(run_dir, EXPORTS, f"ckpt-{step}")
+    index = os.path.join(run_dir, "checkpoints", f"ckpt-{step}.index")
+    meta = os.path.join(out, "policy.json")
+    if os.path.isfile(meta) and os.path.isfile(index) and os.path.getmtime(meta) >= os.path.getmtime(index):
+        return out
+    print(f"exporting the policy of {os.path.join(run_dir, 'checkpoints', f'ckpt-{step}')} to {out} ...", flush=True)
+    done = subprocess.run([sys.executable, "-m", "learner.export", run_dir, "--step", str(step), "--out", out],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        said = [line for line in done.stderr.splitlines() if line.startswith("python -m learner.export: error: ")]
+        raise ValueError(said[-1].split("error: ", 1)[1] if said else
+                         f"exporting ckpt-{step} failed (exit status {done.returncode}): {done.stderr.strip()[-500:]}")
+    return out
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("MUJOCO_GL", "egl")
     from impala_rep.flags import CommandLineParser, check_output_path, configure_logging, seed_flag
@@ -200,6 +226,10 @@ def main(argv=None) -> int:
     parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="override an env argument")
     parser.add_argument("--video", default=None, metavar="FILE.mp4", help="record the episodes' pixel observations")
     parser.add_argument("--report", default=None, help="JSON report path (default RUN_DIR/eval/eval-STEP.json, or eval-STEP-N.json where that exists)")
+    parser.add_argument("--checkpoint", type=int, default=None, metavar="N",
+                        help="evaluate the run's checkpoint at learner step N (ckpt-N) instead of its newest export: "
+                             "exported first to RUN_DIR/exports/ckpt-N by python -m learner.export, in a process of "
+                             "its own (TensorFlow)")
     parser.add_argument("--nice", type=int, default=0, metavar="N",
                         help="lower this process's CPU priority by N (0-19) first; a training run's own "
                              "evaluations use its --actor-nice")
@@ -220,7 +250,8 @@ def main(argv=None) -> int:
             if os.path.splitext(args.video)[1].lower() not in VIDEO_SUFFIXES:
                 raise ValueError(f"--video {args.video}: name a video file ending in one of {', '.join(VIDEO_SUFFIXES)}.")
         overrides = envs.parse_env_args(args.env_arg)
-        report = evaluate(args.path, args.episodes, args.greedy, args.seed, args.env, overrides, args.video)
+        path = args.path if args.checkpoint is None else export_for_evaluation(args.path, args.checkpoint)
+        report = evaluate(path, args.episodes, args.greedy, args.seed, args.env, overrides, args.video)
     except (PolicyLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -232,7 +263,11 @@ def main(argv=None) -> int:
     out = args.report
     if out is None:
         policy_dir = os.path.dirname(report["policy"]) if os.path.isfile(report["policy"]) else report["policy"]
-        base = os.path.dirname(policy_dir) if os.path.basename(policy_dir) == "policy" else policy_dir
+        base = policy_dir
+        if os.path.basename(policy_dir) == "policy":
+            base = os.path.dirname(policy_dir)
+        elif os.path.basename(os.path.dirname(policy_dir)) == EXPORTS:  # RUN_DIR/exports/ckpt-N
+            base = os.path.dirname(os.path.dirname(policy_dir))
         out = os.path.join(base, "eval", f"eval-{report['learner_step']}.json")
         n = 0
         while os.path.exists(out):  # keep earlier reports (the run's own evaluation included)

@@ -549,7 +549,7 @@ def check_output_path(path: str, flag: str, directory: bool = False) -> None:
 
 
 # The directories a run writes in its logdir.
-RUN_DIR_PARTS = ("checkpoints", "policy", "summaries", "eval", "actors")
+RUN_DIR_PARTS = ("checkpoints", "policy", "summaries", "eval", "actors", "exports")
 
 
 def check_logdir(path: str) -> None:

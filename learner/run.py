@@ -787,7 +787,7 @@ def lock_run_dir(logdir: str):
 
 # What --no-resume moves aside from an earlier run in the run directory, into before-<time>/
 # (its metrics.jsonl is kept beside them as metrics-before-<time>.jsonl: open_metrics_log).
-EARLIER_RUN_PARTS = ("checkpoints", "summaries", "policy", "eval")
+EARLIER_RUN_PARTS = ("checkpoints", "summaries", "policy", "eval", "exports")
 
 
 def checkpoint_options(config: RunConfig, replicator_kind: str):
