@@ -183,9 +183,9 @@ def test_a_trainer_that_cannot_set_the_earlier_run_aside_does_not_start(tmp_path
 def test_the_short_launch_of_a_first_run_records_its_steps(tmp_path):
     logdir = tmp_path / "run"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(  # the default --log-interval 5: it ends before the first
+    proc = subprocess.run(  # an interval longer than the run (the default 5 s is not, on a busy host)
         [sys.executable, "-m", "impala_rep.launch", "--env", "catch", "--actors", "2", "--batch-size", "4",
-         "--unroll-length", "5", "--total-steps", "2000", "--logdir", str(logdir)],
+         "--unroll-length", "5", "--total-steps", "2000", "--log-interval", "3600", "--logdir", str(logdir)],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"step 100 \| agent steps 2000 \|", proc.stderr), proc.stderr[-3000:]
