@@ -185,10 +185,6 @@ def _write_video(path: str, frames: List[np.ndarray], fps: int = 30) -> None:
             writer.append_data(np.ascontiguousarray(frame))
 
 
-# Where a run's checkpoints are exported for evaluation (learner.export): RUN_DIR/exports/ckpt-N.
-EXPORTS = "exports"
-
-
 def export_for_evaluation(run_dir: str, step: int) -> str:
     """The policy of the run's checkpoint at learner step ``step``: ``RUN_DIR/exports/ckpt-STEP``,
     exported there first (``python -m learner.export`` in a child process: TensorFlow and
@@ -196,7 +192,9 @@ def export_for_evaluation(run_dir: str, step: int) -> str:
     there. Raises ValueError with the exporter's sentence when it cannot."""
     import subprocess
 
-    out = os.path.join(run_dir, EXPORTS, f"ckpt-{step}")
+    from learner.export import checkpoint_export_dir  # no TensorFlow at import
+
+    out = checkpoint_export_dir(run_dir, step)
     index = os.path.join(run_dir, "checkpoints", f"ckpt-{step}.index")
     meta = os.path.join(out, "policy.json")
     if os.path.isfile(meta) and os.path.isfile(index) and os.path.getmtime(meta) >= os.path.getmtime(index):
@@ -240,6 +238,7 @@ def main(argv=None) -> int:
         os.nice(args.nice)  # before anything starts a thread; threads inherit it
     import envs
     from impala_rep.export import PolicyLoadError
+    from learner.export import EXPORTS  # no TensorFlow at import
 
     try:
         # The outputs are checked before the episodes run, so no evaluation is lost to a bad path.
@@ -266,7 +265,7 @@ def main(argv=None) -> int:
         base = policy_dir
         if os.path.basename(policy_dir) == "policy":
             base = os.path.dirname(policy_dir)
-        elif os.path.basename(os.path.dirname(policy_dir)) == EXPORTS:  # RUN_DIR/exports/ckpt-N
+        elif os.path.basename(os.path.dirname(policy_dir)) == EXPORTS:  # RUN_DIR/exports/ckpt-N (learner.export)
             base = os.path.dirname(os.path.dirname(policy_dir))
         out = os.path.join(base, "eval", f"eval-{report['learner_step']}.json")
         n = 0

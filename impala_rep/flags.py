@@ -347,13 +347,28 @@ def _action_repeat(env_id: str, env_kwargs: Dict[str, Any]) -> Optional[int]:
     return repeat if isinstance(repeat, int) and not isinstance(repeat, bool) and repeat >= 1 else None
 
 
-def _desync_steps(args: argparse.Namespace, env_kwargs: Dict[str, Any]) -> int:
-    """--desync-steps, or its default: one episode of a dmc/ task (1000 control steps), else 0."""
-    steps = getattr(args, "desync_steps", None)
-    if steps is not None:
-        return steps
-    repeat = _action_repeat(args.env, env_kwargs)
-    return -(-1000 // repeat) if args.env.startswith("dmc/") and repeat is not None else 0
+def _default_reward_scale(env_id: str, env_kwargs: Dict[str, Any]) -> float:
+    """--reward-scale's default: 1/action-repeat (DM Control sums the repeated rewards), else 1."""
+    repeat = _action_repeat(env_id, env_kwargs)
+    return 1.0 / repeat if repeat is not None else 1.0
+
+
+def _default_desync_steps(env_id: str, env_kwargs: Dict[str, Any]) -> int:
+    """--desync-steps' default: one episode of a dmc/ task (1000 control steps), else 0."""
+    repeat = _action_repeat(env_id, env_kwargs)
+    return -(-1000 // repeat) if env_id.startswith("dmc/") and repeat is not None else 0
+
+
+def _learner_updates(total_steps: int, unroll_length: int, batch_size: int, replay_ratio: float) -> int:
+    """Learner steps in a run of ``total_steps`` agent steps: each batch advances them by its
+    fresh share only."""
+    fresh = batch_size - replayed_per_batch(batch_size, replay_ratio)
+    return -(-total_steps // (unroll_length * fresh))
+
+
+def _default_lr_warmup(updates: int) -> int:
+    """--lr-warmup's default: 100 learner steps, or 5% of the run's if that is fewer."""
+    return min(100, updates // 20)
 
 
 # Settings of a run's config.json that --config does not carry into a new run: where the run
@@ -467,21 +482,18 @@ def config_file_flags(data: Dict[str, Any], env: Optional[str], env_args: List[s
             if key not in given:
                 add("--env-arg", f"{key}={json.dumps(value)}")
     # Derived by default: carried where the earlier run's differ from what its own settings derive.
-    repeat = _action_repeat(run_env, env_kwargs)
-    scale = data.get("loss", {}).get("reward_scale")
-    if scale is not None and repeat is not None and scale != 1.0 / repeat:
-        add("--reward-scale", scale)
-    if "desync_steps" in data and repeat is not None:
-        derived = -(-1000 // repeat) if run_env.startswith("dmc/") else 0
-        if data["desync_steps"] != derived:
+    if _action_repeat(run_env, env_kwargs) is not None:
+        scale = data.get("loss", {}).get("reward_scale")
+        if scale is not None and scale != _default_reward_scale(run_env, env_kwargs):
+            add("--reward-scale", scale)
+        if "desync_steps" in data and data["desync_steps"] != _default_desync_steps(run_env, env_kwargs):
             add("--desync-steps", data["desync_steps"])
     warmup = data.get("optimizer", {}).get("warmup_steps")
     if warmup is not None:
-        batch, unroll = data.get("batch_size", 32), data.get("unroll_length", 20)
         try:
-            fresh = batch - replayed_per_batch(batch, data.get("replay_ratio", 0.0))
-            updates = -(-data.get("total_steps", 2_000_000) // (unroll * fresh))
-            derived = min(100, updates // 20)
+            derived = _default_lr_warmup(_learner_updates(
+                data.get("total_steps", 2_000_000), data.get("unroll_length", 20), data.get("batch_size", 32),
+                data.get("replay_ratio", 0.0)))
         except (TypeError, ValueError, ZeroDivisionError):  # bad values: the flags say which
             derived = None
         if warmup != derived:
@@ -590,22 +602,19 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     env_kwargs = parse_env_kwargs(args.env_arg)
     reward_scale = args.reward_scale
     if reward_scale is None:
-        repeat = _action_repeat(args.env, env_kwargs)
-        reward_scale = 1.0 / repeat if repeat is not None else 1.0
+        reward_scale = _default_reward_scale(args.env, env_kwargs)
     loss = {"discount": args.discount, "entropy_cost": args.entropy_cost, "baseline_cost": args.baseline_cost,
             "reward_scale": reward_scale}
     if args.reward_clip is not None:
         loss["reward_clip"] = args.reward_clip
     optimizer: Dict[str, Any] = {"learning_rate": args.learning_rate, "clip_norm": args.clip_norm}
-    # Learner steps in the run; with replay each batch advances the agent steps by its fresh share only.
-    fresh = args.batch_size - replayed_per_batch(args.batch_size, args.replay_ratio)
-    updates = -(-args.total_steps // (args.unroll_length * fresh))
+    updates = _learner_updates(args.total_steps, args.unroll_length, args.batch_size, args.replay_ratio)
     time_budget = getattr(args, "time_budget", None)
     if not args.no_anneal:
         optimizer["anneal_steps"] = updates
         if time_budget is not None:
             optimizer["anneal_seconds"] = time_budget
-    optimizer["warmup_steps"] = min(100, updates // 20) if args.lr_warmup is None else args.lr_warmup
+    optimizer["warmup_steps"] = _default_lr_warmup(updates) if args.lr_warmup is None else args.lr_warmup
     token: Optional[str] = args.token or os.environ.get("IMPALA_REP_TOKEN") or None
     return RunConfig(
         env=args.env,
@@ -648,5 +657,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         replay_unrolls=args.replay_unrolls,
         eval_episodes=args.eval_episodes,
         eval_greedy=args.eval_greedy,
-        desync_steps=_desync_steps(args, env_kwargs),
+        desync_steps=(_default_desync_steps(args.env, env_kwargs) if getattr(args, "desync_steps", None) is None
+                      else args.desync_steps),
     )

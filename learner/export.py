@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Dict, Optional
 
-__all__ = ["ExportError", "kept_checkpoints", "export_checkpoint", "checkpoint_export_dir", "main"]
+__all__ = ["EXPORTS", "ExportError", "kept_checkpoints", "export_checkpoint", "checkpoint_export_dir", "main"]
 
 log = logging.getLogger("impala_rep.export")
 
@@ -26,9 +26,14 @@ class ExportError(ValueError):
     """A checkpoint cannot be exported; the message says why and what to do."""
 
 
+# The run directory's folder of checkpoint exports (TensorFlow-free to import, as this module is:
+# impala_rep.evaluate finds them by it).
+EXPORTS = "exports"
+
+
 def checkpoint_export_dir(run_dir: str, step: int) -> str:
     """Where a checkpoint's policy is exported by default: ``RUN_DIR/exports/ckpt-STEP``."""
-    return os.path.join(run_dir, "exports", f"ckpt-{step}")
+    return os.path.join(run_dir, EXPORTS, f"ckpt-{step}")
 
 
 def kept_checkpoints(run_dir: str) -> Dict[int, str]:

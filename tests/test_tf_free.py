@@ -14,6 +14,7 @@ ACTOR_SIDE = [
     "impala_rep.export",
     "impala_rep.evaluate",
     "learner.evaluator",
+    "learner.export",  # impala_rep.evaluate finds checkpoint exports by it
     "impala_rep.distributions",
     "impala_rep.networks",
     "impala_rep.networks.numpy_backend",
