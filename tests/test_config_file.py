@@ -134,6 +134,10 @@ def test_a_bad_settings_file_is_one_sentence(tmp_path, capsys):
     assert "optimizer has settings this version does not know: lr" in _error(capsys, ["--config", str(bad)])
     bad.write_text(json.dumps({"env": 3}))
     assert "env must be an env id" in _error(capsys, ["--config", str(bad)])
+    bad.write_text(json.dumps({"env": "catch", "env_kwargs": ["rows=7"]}))
+    assert "env_kwargs must be an object of env arguments" in _error(capsys, ["--config", str(bad)])
+    bad.write_text(json.dumps({"env": "catch", "loss": 0.5}))
+    assert "loss must be an object of discount" in _error(capsys, ["--config", str(bad)])
 
 
 def test_a_bad_value_in_the_file_is_named_as_coming_from_it(tmp_path, capsys):

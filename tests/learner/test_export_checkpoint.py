@@ -125,3 +125,24 @@ def test_evaluate_takes_a_checkpoint_exporting_it_once(run, capsys):
     assert evaluate([run, "--checkpoint", "3", "--episodes", "1"]) == 2
     err = capsys.readouterr().err
     assert "keeps checkpoints at learner steps 2, 4, not at 3" in err and "Traceback" not in err
+
+
+def test_a_checkpoint_with_non_finite_parameters_is_not_exported(run, tmp_path):
+    import tensorflow as tf
+
+    from impala_rep.networks.tf_backend import TFNetwork
+
+    nan_run = str(tmp_path / "nan")
+    shutil.copytree(run, nan_run, ignore=shutil.ignore_patterns("exports"))
+    newest = load_policy(os.path.join(run, "policy"))
+    network = TFNetwork(NetworkConfig(**newest.metadata["network"]),
+                        stacked_observation_specs(newest.env_spec.observations, newest.frame_stack),
+                        newest.env_spec.action)
+    for variable in network.named_variables.values():
+        variable.assign(tf.fill(variable.shape, float("nan")))
+    tf.train.CheckpointManager(tf.train.Checkpoint(network=network), os.path.join(nan_run, "checkpoints"),
+                               max_to_keep=5).save(checkpoint_number=6)
+    assert sorted(kept_checkpoints(nan_run)) == [2, 4, 6]
+    with pytest.raises(ExportError, match="holds NaN or infinite parameters .* export an earlier checkpoint"):
+        export_checkpoint(nan_run, 6)
+    assert not os.path.exists(checkpoint_export_dir(nan_run, 6))
