@@ -7,7 +7,10 @@ finished episodes, ``agent_steps``, ``env_frames`` and ``time``), draws both cur
 overlays the evaluation reports ``RUN_DIR/eval/*.json`` (``mean_return`` ± ``std_return``
 at the policy's ``agent_steps``, written by ``python -m impala_rep.evaluate``) unless
 ``--no-eval``. Prints markdown tables (env frames, agent steps, hours, return) for
-docs/RESULTS.md on stdout.
+docs/RESULTS.md on stdout; with ``--at-steps`` and/or ``--at-minutes``, also one row per run
+that compares the runs at the same agent steps and the same training minutes (with each run's
+agent steps, rate, the learner's time waiting for batches, and its evaluations of its last
+policy). ``--no-plot`` prints the tables without drawing.
 
 Wall-clock hours count from the run's first record. A run resumed on the same logdir
 appends to its ``metrics.jsonl``; a gap between consecutive records longer than
@@ -20,6 +23,7 @@ Usage::
 
     .venv/bin/python scripts/plot_curves.py runs/cartpole-swingup --out docs/cartpole.png
     .venv/bin/python scripts/plot_curves.py runs/a runs/b --labels "lr 6e-4" "lr 3e-4" --out cmp.png
+    .venv/bin/python scripts/plot_curves.py runs/a runs/b --no-plot --at-steps 500000 1000000 --at-minutes 10 30
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-__all__ = ["CurveError", "Run", "load_metrics", "load_evals", "load_run", "superseded", "training_hours", "markdown_tables", "plot"]
+__all__ = ["CurveError", "Run", "load_metrics", "load_evals", "load_run", "superseded", "training_hours", "markdown_tables",
+           "comparison_table", "plot"]
 
 
 class CurveError(ValueError):
@@ -233,6 +238,88 @@ def markdown_tables(runs: Sequence[Run], rows: int = 8) -> str:
     return "\n".join(out)
 
 
+def _start_hours(run: Run) -> float:
+    """Training hours before the run's first record: the learner's ``train_seconds`` there (the
+    first record comes ``--log-interval`` after training starts); 0 where not recorded."""
+    first = run.records[0].get("train_seconds")
+    return first / 3600.0 if _number(first) and first > 0 else 0.0
+
+
+def _returns(run: Run):
+    """(agent steps, training hours since training started, return) of the records that carry an
+    ``episode_return``."""
+    start = _start_hours(run)
+    return [(r["agent_steps"], start + h, r["episode_return"]) for r, h in zip(run.records, run.hours)
+            if _number(r.get("episode_return"))]
+
+
+def return_at_steps(run: Run, agent_steps: float) -> Optional[float]:
+    """The return of the first record at or past ``agent_steps``; None if the run never got there."""
+    for steps, _, ret in _returns(run):
+        if steps >= agent_steps:
+            return ret
+    return None
+
+
+def return_at_minutes(run: Run, minutes: float) -> Optional[float]:
+    """The return of the last record at or before ``minutes`` of training; None if the run trained
+    for less than that, less one record interval (records come ``--log-interval`` apart), or had
+    no return yet."""
+    rows = _returns(run)
+    if not rows:
+        return None
+    gaps = [b - a for a, b in zip(run.hours, run.hours[1:])]
+    interval = statistics.median(gaps) if gaps else 0.0
+    hours = minutes / 60.0
+    if _start_hours(run) + run.hours[-1] < hours - interval - 1e-9:
+        return None
+    before = [ret for _, h, ret in rows if h <= hours + 1e-9]
+    return before[-1] if before else None
+
+
+def _cell(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value:.0f}"
+
+
+def _last_evals(run: Run) -> str:
+    if not run.evals:
+        return "—"
+    last = max(e["agent_steps"] for e in run.evals)
+    cells = []  # a report repeated (the same policy, episodes and seed) is shown once
+    for e in run.evals:
+        if e["agent_steps"] == last:
+            std = f" ± {e['std_return']:.1f}" if _number(e.get("std_return")) else ""
+            cell = f"{e['mean_return']:.1f}{std} ({e.get('episodes', '?')})"
+            if cell not in cells:
+                cells.append(cell)
+    return ", ".join(cells)
+
+
+def comparison_table(runs: Sequence[Run], at_steps: Sequence[float] = (), at_minutes: Sequence[float] = ()) -> str:
+    """One markdown row per run: its agent steps, minutes of training (from the start of training,
+    not from the first record), agent steps a second and the
+    learner's mean share of time waiting for a batch (``time_share/wait_batch``, where recorded);
+    its return at each of ``at_steps`` agent steps and ``at_minutes`` minutes (— where the run did
+    not get there); and its evaluations of its last evaluated policy (mean ± std (episodes))."""
+    head = ["run", "agent steps", "minutes", "agent steps/s", "learner waiting"]
+    head += [f"return at {s:,.0f} steps" for s in at_steps] + [f"return at {m:g} min" for m in at_minutes]
+    head.append("eval of the last evaluated policy")
+    out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 2) + "---|"]
+    for run in runs:
+        last = run.records[-1]
+        minutes = (_start_hours(run) + run.hours[-1]) * 60.0
+        seconds = last["train_seconds"] if _number(last.get("train_seconds")) and last["train_seconds"] > 0 else minutes * 60
+        waits = [r["time_share/wait_batch"] for r in run.records if _number(r.get("time_share/wait_batch"))]
+        cells = [run.label, f"{int(last['agent_steps']):,}", f"{minutes:.1f}",
+                 f"{last['agent_steps'] / seconds:,.0f}" if seconds > 0 else "—",
+                 f"{statistics.fmean(waits):.0%}" if waits else "—"]
+        cells += [_cell(return_at_steps(run, s)) for s in at_steps]
+        cells += [_cell(return_at_minutes(run, m)) for m in at_minutes]
+        cells.append(_last_evals(run))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def plot(runs: Sequence[Run], out: str, title: Optional[str] = None) -> None:
     """Draws return vs env frames (left) and vs training hours (right) to the PNG ``out``."""
     import matplotlib
@@ -281,11 +368,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=8, help="rows per run in the markdown table (default 8)")
     parser.add_argument("--max-gap", type=positive_float, default=300.0,
                         help="seconds between records beyond which the run counts as stopped (default 300)")
+    parser.add_argument("--at-steps", nargs="+", type=positive_float, default=[], metavar="N",
+                        help="also print a row per run with its return at these agent steps (e.g. 5e5 1e6)")
+    parser.add_argument("--at-minutes", nargs="+", type=positive_float, default=[], metavar="M",
+                        help="... and at these minutes of training")
+    parser.add_argument("--no-plot", action="store_true", help="print the tables only; write no PNG")
     args = parser.parse_args(argv)
     if args.labels is not None and len(args.labels) != len(args.runs):
         parser.error(f"--labels gives {len(args.labels)} label(s) for {len(args.runs)} run(s); give one per run.")
     if args.rows < 1:
         parser.error(f"--rows must be at least 1, got {args.rows}.")
+    if args.no_plot:
+        return args
     if not args.out.lower().endswith(".png"):
         parser.error(f"--out must name a .png file, got {args.out!r}.")
     try:
@@ -303,9 +397,14 @@ def main(argv=None) -> int:
     except CurveError as exc:
         print(f"plot_curves: {exc}", file=sys.stderr)
         return 2
-    plot(runs, args.out, args.title)
+    if not args.no_plot:
+        plot(runs, args.out, args.title)
     print(markdown_tables(runs, args.rows))
-    print(f"\nwrote {args.out}", file=sys.stderr)
+    if args.at_steps or args.at_minutes:
+        print()
+        print(comparison_table(runs, args.at_steps, args.at_minutes))
+    if not args.no_plot:
+        print(f"\nwrote {args.out}", file=sys.stderr)
     return 0
 
 

@@ -701,6 +701,42 @@ def test_plot_writes_a_png_and_prints_the_table(tmp_path, capsys):
     assert "tensorflow" not in sys.modules
 
 
+def test_comparison_table_compares_runs_at_the_same_agent_steps_and_minutes(tmp_path):
+    a = _write_run(tmp_path / "a", n=30, evals=[(19200, 70.0), (19200, 70.0), (19200, 64.0), (6400, 50.0)])
+    b = _write_run(tmp_path / "b", n=10)
+    # b's learner had trained 30 s at its first record, and waited for batches a quarter of the time
+    lines = [json.loads(l) for l in (b / "metrics.jsonl").read_text().splitlines()]
+    for i, rec in enumerate(lines):
+        rec["train_seconds"], rec["time_share/wait_batch"] = 30.0 + 10.0 * i, 0.25
+    (b / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    ra, rb = curves.load_run(str(a), label="A"), curves.load_run(str(b), label="B", evals=False)
+    assert curves.return_at_steps(ra, 1920) == 20.0 and curves.return_at_steps(ra, 1921) == 30.0
+    assert curves.return_at_steps(rb, 640 * 10 + 1) is None  # b never trained on that many
+    assert curves.return_at_minutes(ra, 2) == 120.0  # records 10 s apart from the first
+    assert curves.return_at_minutes(rb, 1) == 30.0  # b's first record came 30 s into training
+    assert curves.return_at_minutes(ra, 10) is None  # a trained for 290 s
+    assert curves.return_at_minutes(rb, 2) == 90.0  # b trained for 120 s: its last record
+    text = curves.comparison_table([ra, rb], at_steps=[1920, 6400], at_minutes=[1, 2])
+    head, rule, row_a, row_b = text.splitlines()
+    assert head == ("| run | agent steps | minutes | agent steps/s | learner waiting | return at 1,920 steps | "
+                    "return at 6,400 steps | return at 1 min | return at 2 min | eval of the last evaluated policy |")
+    assert rule.count("|") == head.count("|")
+    assert row_a == "| A | 19,200 | 4.8 | 66 | — | 20 | 90 | 60 | 120 | 70.0 ± 5.0 (10), 64.0 ± 5.0 (10) |"
+    assert row_b == "| B | 6,400 | 2.0 | 53 | 25% | 20 | 90 | 30 | 90 | — |"
+
+
+def test_plot_curves_prints_the_comparison_without_drawing(tmp_path, capsys, monkeypatch):
+    a = _write_run(tmp_path / "a")
+    monkeypatch.chdir(tmp_path)
+    assert curves.main([str(a), "--no-plot", "--at-steps", "5e3", "--at-minutes", "4", "--out", "x.svg"]) == 0
+    out = capsys.readouterr().out
+    assert "| a | 19,200 | 4.8 | 66 | — | 70 | 240 | — |" in out
+    assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob("*.svg"))
+    with pytest.raises(SystemExit):
+        curves.parse_args([str(a), "--at-steps", "0"])
+    assert "--at-steps: " in capsys.readouterr().err
+
+
 def test_a_resume_from_an_earlier_checkpoint_drops_the_lost_records_but_counts_their_time(tmp_path):
     run = _write_run(tmp_path / "r", n=10)  # 640 agent steps a record, 10 s apart
     lines = (run / "metrics.jsonl").read_text().splitlines()
