@@ -112,6 +112,7 @@ __all__ = [
     "FAST_NUMSLICES",
     "FAST_NUMSTACKS",
     "make_dmc",
+    "recorded_env_kwargs",
     "parse_dmc_id",
     "dmc_ids",
     "renderer_name",
@@ -136,6 +137,24 @@ _FAST_FLAGS = {"shadow": False, "reflection": False, "skybox": False}
 # The fast preset's tessellation of MuJoCo's built-in shapes (half the suite's 28 x 16).
 FAST_NUMSLICES = 16
 FAST_NUMSTACKS = 8
+
+
+def recorded_env_kwargs(env_id: Any, env_kwargs: Any) -> Any:
+    """The env arguments as a run records them: for a ``dmc/`` id, ``coarse_shapes`` written out
+    (True, the default, where not given); anything else as it is (a non-dict, for the caller's
+    own check to refuse).
+
+    Every run config of a ``dmc/`` id holds it (``RunConfig`` fills it in), so that a later change
+    of the default cannot change what an earlier run's frames look like when it is resumed,
+    repeated (``--config``) or its policy evaluated. The records that predate this (a run's
+    ``config.json``, a policy export) are read through it as well, as they have been read since
+    the coarse shapes became the default (the forty-fifth session; runs from before it rendered
+    the model's shapes: give them ``coarse_shapes=false``)."""
+    if not isinstance(env_id, str) or not env_id.startswith("dmc/") or not isinstance(env_kwargs, dict):
+        return env_kwargs
+    if "coarse_shapes" in env_kwargs:
+        return dict(env_kwargs)
+    return {**env_kwargs, "coarse_shapes": True}
 log = logging.getLogger(__name__)
 
 # The attributes of dm_control.rl.control.Environment that _ControlRepeat mirrors.

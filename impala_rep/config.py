@@ -251,7 +251,11 @@ class RunConfig:
                 f"max-actor-streams must be a whole number of actor processes from 1 to {MAX_ACTOR_STREAMS}, "
                 f"got {self.max_actor_streams!r}."
             )
-        object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
+        if not isinstance(self.env_kwargs, Mapping):
+            raise ConfigError(f"env_kwargs must be a mapping of env arguments, got {self.env_kwargs!r}.")
+        from envs.dmc import recorded_env_kwargs  # TF-free, and light: dm_control loads when an env is made
+
+        object.__setattr__(self, "env_kwargs", recorded_env_kwargs(self.env, dict(self.env_kwargs)))
         object.__setattr__(self, "network", dict(self.network))
         object.__setattr__(self, "loss", dict(self.loss))
         object.__setattr__(self, "optimizer", dict(self.optimizer))

@@ -475,7 +475,9 @@ def config_file_flags(data: Dict[str, Any], env: Optional[str], env_args: List[s
     if "optimizer" in data and "anneal_steps" not in data["optimizer"]:
         flags.append("--no-anneal")
     run_env = data.get("env", "dmc/cartpole-swingup")
-    env_kwargs = data.get("env_kwargs", {})
+    from envs.dmc import recorded_env_kwargs  # an earlier record without coarse_shapes: what it rendered
+
+    env_kwargs = recorded_env_kwargs(run_env, data.get("env_kwargs", {}))
     if env is None or env == run_env:
         given = {item.partition("=")[0].strip() for item in env_args}
         for key, value in env_kwargs.items():

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from envs.dmc import recorded_env_kwargs
 from impala_rep.config import (AUTO_SETTINGS, RunConfig, actor_view, frame_stack_keys, resolve_intake,
                                resolve_overlap_publish, resolve_param_refresh_lag)
 from impala_rep.flags import check_logdir, configure_logging as configure_base_logging
@@ -824,6 +825,8 @@ def check_resumed_settings(config: RunConfig, path: str, learner_kind: Optional[
     if not isinstance(earlier, dict):
         return []
     now = json.loads(json.dumps(config.to_json()))  # tuples as lists, as in the file
+    if "env_kwargs" in earlier:  # an earlier record without coarse_shapes: what it rendered
+        earlier["env_kwargs"] = recorded_env_kwargs(earlier.get("env"), earlier["env_kwargs"])
     logdir = os.path.dirname(path)
     task = [k for k in RESUME_TASK_KEYS if k in earlier and earlier[k] != now.get(k)]
     if task:

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from impala_rep.config import ConfigError, RunConfig
 from impala_rep.flags import (CONFIG_NOT_CARRIED, CommandLineParser, add_learner_flags, config_from_args,
                               parse_flags)
 from impala_rep.launch import build_parser
@@ -83,6 +84,24 @@ def test_settings_derived_by_default_are_derived_again_for_another_env_or_budget
     config = _config(["--config", str(run2), "--env", "catch", "--logdir", str(tmp_path / "c2")])
     assert config.loss["reward_scale"] == 0.5 and config.desync_steps == 5 and config.optimizer["warmup_steps"] == 7
     assert config.env_kwargs == {"rows": 7}  # the same env, given again: its env args come along
+
+
+def test_every_dmc_run_records_its_coarse_shapes_and_an_earlier_record_without_them_is_read_as_coarse(tmp_path):
+    # What a run's frames look like is in its config, given or not, so that no later default moves it.
+    assert _config(["--env", "dmc/walker-walk"]).env_kwargs == {"coarse_shapes": True}
+    assert _config(["--env", "dmc/walker-walk", "--env-arg", "coarse_shapes=false"]).env_kwargs == {"coarse_shapes": False}
+    assert _config(["--env", "catch"]).env_kwargs == {}
+    assert RunConfig(env="dmc/cheetah-run", env_kwargs={"size": 64}).env_kwargs == {"size": 64, "coarse_shapes": True}
+    with pytest.raises(ConfigError, match="env_kwargs must be a mapping of env arguments"):
+        RunConfig(env="catch", env_kwargs=["rows=7"])
+    # A config.json from before coarse_shapes was recorded: repeated with the shapes it rendered.
+    run, earlier = _saved_run(tmp_path, CHEETAH)
+    data = json.loads((run / "config.json").read_text())
+    del data["env_kwargs"]["coarse_shapes"]
+    (run / "config.json").write_text(json.dumps(data))
+    args, _, carried = parse_flags(build_parser(), ["--config", str(run), "--logdir", str(tmp_path / "again")])
+    assert "--env-arg=coarse_shapes=true" in carried
+    assert config_from_args(args).env_kwargs == {"size": [64, 64], "coarse_shapes": True}
 
 
 def test_where_a_run_writes_is_served_and_is_planned_is_not_carried(tmp_path):

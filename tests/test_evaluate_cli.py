@@ -81,6 +81,19 @@ def test_another_env_id_does_not_get_the_training_envs_arguments(tmp_path, capsy
         assert json.load(f)["env_kwargs"] == {"rows": 10}
 
 
+def test_a_dmc_policy_exported_without_coarse_shapes_is_evaluated_with_the_coarse_shapes_it_trained_on(tmp_path,
+                                                                                                        capsys):
+    export(tmp_path, "dmc/cartpole-swingup", {"observation": "state", "action_repeat": 8})  # recorded before
+    code, out, err = run(capsys, tmp_path, "--episodes", "1")
+    assert code == 0, err
+    with open(tmp_path / "eval" / "eval-7.json") as f:
+        assert json.load(f)["env_kwargs"] == {"observation": "state", "action_repeat": 8, "coarse_shapes": True}
+    code, out, err = run(capsys, tmp_path, "--episodes", "1", "--env-arg", "coarse_shapes=false")
+    assert code == 0, err
+    with open(tmp_path / "eval" / "eval-7-1.json") as f:
+        assert json.load(f)["env_kwargs"]["coarse_shapes"] is False
+
+
 def test_an_env_whose_action_bounds_differ_is_refused(tmp_path, capsys):
     policy = export(tmp_path, "reach")
     with open(os.path.join(policy, "policy.json")) as f:

@@ -298,3 +298,19 @@ def test_a_resume_without_a_checkpoint_sets_all_the_earlier_summaries_aside(tmp_
     assert _summary_steps(tmp_path) == [20, 40]
     assert _run_steps(tmp_path, catch_spec, 1) == 0
     assert _summary_steps(tmp_path) == [20]
+
+
+def test_an_earlier_dmc_record_without_coarse_shapes_resumes_with_the_coarse_shapes_it_rendered(tmp_path):
+    # Runs recorded before coarse_shapes was written into every dmc/ config rendered them (the default).
+    now = _config(tmp_path, env="dmc/cheetah-run")
+    assert now.env_kwargs == {"coarse_shapes": True}
+    path = os.path.join(tmp_path, "config.json")
+    with open(path, "w") as f:
+        json.dump(dict(now.to_json(), env_kwargs={}), f)
+    assert check_resumed_settings(now, path, "cpu") == []
+    model_shapes = _config(tmp_path, env="dmc/cheetah-run", env_kwargs={"coarse_shapes": False})
+    with pytest.raises(ValueError) as info:
+        check_resumed_settings(model_shapes, path, "cpu")
+    assert str(info.value).startswith(
+        f"{tmp_path} holds a run of 'dmc/cheetah-run' with {{\"coarse_shapes\": true}}, and this run is on "
+        "'dmc/cheetah-run' with {\"coarse_shapes\": false}")
