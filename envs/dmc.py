@@ -155,6 +155,8 @@ def recorded_env_kwargs(env_id: Any, env_kwargs: Any) -> Any:
     if "coarse_shapes" in env_kwargs:
         return dict(env_kwargs)
     return {**env_kwargs, "coarse_shapes": True}
+
+
 log = logging.getLogger(__name__)
 
 # The attributes of dm_control.rl.control.Environment that _ControlRepeat mirrors.

@@ -103,7 +103,7 @@ def evaluate(
     loaded = load_policy(path)
     # The training env's arguments carry over to the same env only: another env id need not
     # take them (a plug-in does not know dmc's size=...); --env-arg adds or overrides.
-    kwargs = recorded_env_kwargs(loaded.env, dict(loaded.env_kwargs)) if env_id in (None, loaded.env) else {}
+    kwargs = recorded_env_kwargs(loaded.env, loaded.env_kwargs) if env_id in (None, loaded.env) else {}
     env_id = env_id or loaded.env
     kwargs.update(env_kwargs or {})
     env = envs.make(env_id, seed=seed, **kwargs)
