@@ -41,6 +41,7 @@ STREAM_ACCEPTED = ("x-impala-stream", "accepted")
 __all__ = [
     "WireError",
     "WIRE_DTYPES",
+    "encode_parameters_response",
     "wire_dtype",
     "encode_tensor",
     "encode_tensors",
@@ -204,18 +205,7 @@ def encode_unroll_parts(
     if int(policy_version):
         parts += [b"\x10", _varint(int(policy_version))]
     for key, value in tensors.items():
-        arr = np.asarray(value)
-        dtype = arr.dtype.name
-        if dtype not in WIRE_DTYPES:
-            raise WireError(f"tensor {key!r}: dtype {dtype} cannot travel; use one of {sorted(WIRE_DTYPES)}.")
-        le = _LE_DTYPES[dtype]
-        if arr.dtype != le or not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr, dtype=le)
-        if arr.nbytes:
-            data = memoryview(arr.reshape(-1)).cast("B") if arr.ndim else arr.tobytes()
-            parts += [_tensor_prefix(key, dtype, arr.shape), data]
-        else:
-            parts.append(_tensor_prefix(key, dtype, arr.shape))
+        parts += _tensor_field_parts(key, value)[0]
     returns = np.asarray(list(episode_returns), dtype="<f8")
     if returns.size:
         parts += [_len_field(0x22, returns.nbytes), returns.tobytes()]
@@ -223,6 +213,51 @@ def encode_unroll_parts(
     if lengths:
         parts += [_len_field(0x2A, len(lengths)), lengths]
     return UnrollParts(parts, sum(len(p) for p in parts))  # the views are flat bytes ("B")
+
+
+def _tensor_field_parts(key: str, value) -> Tuple[list, np.ndarray]:
+    """One ``tensors`` field (field 3 of ``Unroll`` and ``GetParametersResponse``) as pieces to
+    join (its head, then a flat view on the array's bytes), and the little-endian C-contiguous
+    array those bytes are."""
+    arr = np.asarray(value)
+    dtype = arr.dtype.name
+    if dtype not in WIRE_DTYPES:
+        raise WireError(f"tensor {key!r}: dtype {dtype} cannot travel; use one of {sorted(WIRE_DTYPES)}.")
+    le = _LE_DTYPES[dtype]
+    if arr.dtype != le or not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr, dtype=le)
+    head = _tensor_prefix(key, dtype, arr.shape)
+    if not arr.nbytes:
+        return [head], arr
+    return [head, memoryview(arr.reshape(-1)).cast("B") if arr.ndim else arr.tobytes()], arr
+
+
+def encode_parameters_response(version: int, params: Mapping[str, object]) -> Tuple[bytes, Dict[str, np.ndarray]]:
+    """``GetParametersResponse(version=version, tensors=params)`` serialized with one copy of
+    each array's bytes, and read-only arrays of ``params`` that are views on those bytes.
+
+    Byte for byte what protobuf's ``SerializeToString()`` gives (tests compare). A learner
+    publishes a few megabytes of parameters every step; this replaces three copies of them
+    (a snapshot, each array into its message, the message into bytes) with one.
+    """
+    version = int(version)
+    if version < 0:
+        raise WireError(f"a parameter version is at least 0, got {version}.")
+    parts: list = [b"\x08", _varint(version)] if version else []
+    pieces = []  # (name, offset of its data in the message, the array), in order
+    offset = sum(len(p) for p in parts)
+    for name, value in params.items():
+        field, arr = _tensor_field_parts(str(name), value)
+        offset += len(field[0])
+        pieces.append((str(name), offset, arr))
+        offset += len(field[1]) if len(field) > 1 else 0
+        parts += field
+    payload = b"".join(parts)
+    views: Dict[str, np.ndarray] = {}
+    for name, start, arr in pieces:
+        view = np.frombuffer(payload, dtype=arr.dtype, count=arr.size, offset=start).reshape(arr.shape)
+        views[name] = view if arr.dtype.isnative else view.astype(arr.dtype.newbyteorder("="))
+    return payload, views
 
 
 def encode_unroll_batch(unrolls: Iterable[UnrollParts]) -> bytes:

@@ -27,7 +27,7 @@ import numpy as np
 
 from impala_rep.config import MAX_PARAM_REFRESH_LAG
 from impala_rep.proto import transport_pb2
-from impala_rep.wire import encode_tensor
+from impala_rep.wire import encode_parameters_response
 
 __all__ = ["BackgroundPublisher", "ParameterStore"]
 
@@ -50,26 +50,24 @@ class ParameterStore:
         return self._version
 
     def publish(self, params: Mapping[str, np.ndarray], version: Optional[int] = None) -> int:
-        """Stores a copy of ``params`` as the next version (or ``version``, which must grow)."""
+        """Stores a copy of ``params`` as the next version (or ``version``, which must grow).
+
+        The copy is the serialized reply itself (one copy of the arrays); :meth:`get` returns
+        read-only views on it."""
         if not params:
             raise ValueError("publish() needs at least one named parameter array.")
-        snapshot = {str(k): np.array(v, copy=True) for k, v in params.items()}
         with self._lock:
             new_version = self._version + 1 if version is None else int(version)
             if new_version <= self._version:
                 raise ValueError(
                     f"parameter version must grow: have {self._version}, got {new_version}."
                 )
-        msg = transport_pb2.GetParametersResponse(version=new_version, up_to_date=False)
-        for name, arr in snapshot.items():
-            encode_tensor(name, arr, out=msg.tensors.add())
-        payload = msg.SerializeToString()
+        # One copy of the arrays: the reply's bytes, of which the snapshot's arrays are views.
+        payload, snapshot = encode_parameters_response(new_version, params)
         up_to_date = transport_pb2.GetParametersResponse(version=new_version, up_to_date=True).SerializeToString()
         with self._lock:
             if new_version <= self._version:  # a concurrent publish got there first
                 raise ValueError(f"parameter version must grow: have {self._version}, got {new_version}.")
-            for arr in snapshot.values():
-                arr.setflags(write=False)
             self._version, self._params = new_version, snapshot
             self._payload, self._up_to_date = payload, up_to_date
             self._changed.notify_all()

@@ -19,6 +19,7 @@ from impala_rep.wire import (
     decode_tensor,
     decode_tensors,
     encode_tensor,
+    encode_parameters_response,
     canonical_layout,
     encode_unroll_bytes,
     parse_unroll,
@@ -341,3 +342,39 @@ def test_parse_unroll_never_accepts_more_than_protobuf_and_never_crashes():
                 pytest.fail(f"parse_unroll accepted bytes protobuf refuses: {cand!r}")
             assert _unroll_fields(got) == _unroll_fields(reference), cand
     assert accepted > 10  # the comparison was exercised
+
+
+def test_parameters_response_is_what_protobuf_writes_and_its_views_are_the_arrays():
+    rng = np.random.default_rng(3)
+    params = {
+        "torso/conv_0/kernel": rng.standard_normal([8, 8, 9, 16]).astype(np.float32),
+        "transposed": rng.standard_normal([5, 7]).astype(np.float32).T,  # not C-contiguous
+        "big_endian": np.arange(6, dtype=">i4").reshape(2, 3),
+        "scalar": np.float64(2.5),
+        "empty": np.zeros([0, 3], np.int32),
+        "flags": np.array([True, False, True]),
+        "counts": np.arange(4, dtype=np.uint8),
+    }
+    for version in (0, 1, 300):
+        payload, views = encode_parameters_response(version, params)
+        expected = transport_pb2.GetParametersResponse(version=version)
+        for name, value in params.items():
+            encode_tensor(name, value, out=expected.tensors.add())
+        assert payload == expected.SerializeToString()
+        decoded = decode_tensors(transport_pb2.GetParametersResponse.FromString(payload).tensors)
+        assert list(views) == list(params) == list(decoded)
+        for name, value in params.items():
+            np.testing.assert_array_equal(views[name], value)
+            np.testing.assert_array_equal(decoded[name], value)
+            assert views[name].shape == np.shape(value) and not views[name].flags.writeable
+    # The views are of the reply's bytes, not of the arrays given: changing those changes neither.
+    params["counts"][0] = 9
+    assert views["counts"][0] == 0 and decode_tensors(
+        transport_pb2.GetParametersResponse.FromString(payload).tensors)["counts"][0] == 0
+
+
+def test_parameters_response_refuses_what_cannot_travel():
+    with pytest.raises(WireError, match="complex64 cannot travel"):
+        encode_parameters_response(1, {"c": np.zeros([2], np.complex64)})
+    with pytest.raises(WireError, match="at least 0"):
+        encode_parameters_response(-1, {"w": np.zeros([2], np.float32)})

@@ -183,3 +183,11 @@ def test_overlapped_publishing_stops_a_diverged_run_and_saves_nothing_after_it(t
     finally:
         trainer.close()
     assert sorted(os.listdir(os.path.join(tmp_path, "checkpoints"))) == saved
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_params_finite_finds_one_non_finite_value_in_any_array(bad):
+    params = {"a": np.ones([4, 5], np.float32), "b": np.zeros([300], np.float32), "n": np.arange(3)}
+    assert params_finite(params)
+    params["b"][137] = bad
+    assert not params_finite(params)
