@@ -74,7 +74,10 @@ class ParameterStore:
         return new_version
 
     def get(self) -> Tuple[int, Dict[str, np.ndarray]]:
-        """(version, {name: read-only array}) of the newest snapshot ((0, {}) before any)."""
+        """(version, {name: read-only array}) of the newest snapshot ((0, {}) before any).
+
+        The arrays are views on the serialized reply, so they may be unaligned in memory:
+        ``np.array(v)`` gives an aligned copy for heavy compute."""
         with self._lock:
             return self._version, dict(self._params)
 
