@@ -90,6 +90,7 @@ class TransportMetrics:
         self._window = float(rate_window_s)
         self._recent: collections.deque = collections.deque()  # (time, frames, bytes)
         self.unrolls_accepted = 0
+        self.messages_accepted = 0  # Unroll or UnrollBatch messages whose unrolls were all queued
         self.frames_accepted = 0
         self.bytes_accepted = 0
         self.rejected: Dict[str, int] = {r: 0 for r in REJECT_REASONS + ("unauthenticated",)}
@@ -131,6 +132,7 @@ class TransportMetrics:
             nbytes = sum(b for _, _, b in self._recent)
             out: Dict[str, float] = {
                 "unrolls_accepted": self.unrolls_accepted,
+                "messages_accepted": self.messages_accepted,
                 "frames_accepted": self.frames_accepted,
                 "bytes_accepted": self.bytes_accepted,
                 "unrolls_rejected": sum(self.rejected.values()),
@@ -535,6 +537,7 @@ class LearnerServer:
                         self._abort_stopping(context)
                     self.metrics.accept(item.nbytes)
                     accepted += 1
+                self.metrics.count("messages_accepted")
         finally:
             with self._streams_lock:
                 self._open_streams.discard(context)

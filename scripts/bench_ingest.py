@@ -5,14 +5,17 @@ A LearnerServer (validation on) runs in this process with a consumer that drains
 (``--batch B`` also builds time-major batches with rebuilt frame stacks, as the learner
 does); actor clients run in ``--procs`` separate processes, each with several LearnerClient
 streams (threads) that encode and send unrolls of 84x84x3 uint8 frames (unroll 20, 3 frames
-stacked on the learner, so 21 + 2 frames travel per unroll). For each client count the rate
-is measured over ``--seconds`` after a warm-up.
+stacked on the learner, so 21 + 2 frames travel per unroll), ``--per-message`` of them per
+message (1: one ``Unroll`` per message; the actors' default, 8, packs up to 8 into one
+``UnrollBatch``, as ``LearnerClient.send_many`` does). For each client count the rate is
+measured over ``--seconds`` after a warm-up.
 
 frames/s counts env steps (T = 20 per unroll); MB/s counts serialized unroll bytes;
 server_cpu_us_per_unroll is the CPU time of the server process (gRPC, parsing, validation
 and the consumer) per accepted unroll, less sensitive than rates to a busy machine.
 
     .venv/bin/python scripts/bench_ingest.py --clients 1 8 64 --seconds 5 --json
+    .venv/bin/python scripts/bench_ingest.py --clients 32 --procs 2 --seconds 10 --batch 32 --per-message 8
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ import threading
 import time
 
 
-def _client_process(address, n_streams, first_id, t_stop, unroll_length, size, ready):
+def _client_process(address, n_streams, first_id, t_stop, unroll_length, size, ready, per_message=1):
     import numpy as np
 
     from actors.client import LearnerClient
 
     def stream(i):
-        client = LearnerClient(address, actor_id=f"bench-{first_id + i}", give_up_after_s=30)
+        client = LearnerClient(address, actor_id=f"bench-{first_id + i}", give_up_after_s=30,
+                               unrolls_per_message=per_message)
         hs = client.connect()
         rng = np.random.default_rng(first_id + i)
         unroll = {}
@@ -46,9 +50,13 @@ def _client_process(address, n_streams, first_id, t_stop, unroll_length, size, r
         unroll["step_type"][:] = 1
         unroll["discount"][:] = 1.0
         ready.put(1)
+        items = [(unroll, 0, (), ())] * per_message
         while time.time() < t_stop:
             try:
-                client.send(unroll, policy_version=0, timeout=max(0.05, t_stop - time.time()))
+                if per_message == 1:
+                    client.send(unroll, policy_version=0, timeout=max(0.05, t_stop - time.time()))
+                else:
+                    client.send_many(items, timeout=max(0.05, t_stop - time.time()))
             except TimeoutError:
                 break
         client.close(drain=False, timeout=2)
@@ -67,7 +75,7 @@ def _cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
-def run_setting(n_clients, procs, seconds, warmup, batch, unroll_length=20, size=84):
+def run_setting(n_clients, procs, seconds, warmup, batch, unroll_length=20, size=84, per_message=1):
     from impala_rep.specs import ArraySpec, EnvSpec, unroll_spec
     from learner.batcher import Batcher
     from learner.params import ParameterStore
@@ -106,7 +114,7 @@ def run_setting(n_clients, procs, seconds, warmup, batch, unroll_length=20, size
     workers, first = [], 0
     for n in per:
         p = ctx.Process(target=_client_process,
-                        args=(server.address, n, first, t_stop, unroll_length, size, ready), daemon=True)
+                        args=(server.address, n, first, t_stop, unroll_length, size, ready, per_message), daemon=True)
         p.start()
         workers.append(p)
         first += n
@@ -125,11 +133,14 @@ def run_setting(n_clients, procs, seconds, warmup, batch, unroll_length=20, size
     server.stop(0)
     dt = t1 - t0
     unrolls = m1["unrolls_accepted"] - m0["unrolls_accepted"]
+    messages = m1["messages_accepted"] - m0["messages_accepted"]
     frames = m1["frames_accepted"] - m0["frames_accepted"]
     nbytes = m1["bytes_accepted"] - m0["bytes_accepted"]
     return {
         "clients": n_clients,
         "processes": procs,
+        "unrolls_per_message": per_message,
+        "unrolls_per_message_received": round(unrolls / messages, 2) if messages else None,
         "seconds": round(dt, 2),
         "unrolls_per_s": round(unrolls / dt, 1),
         "frames_per_s": round(frames / dt, 1),
@@ -153,12 +164,16 @@ def main(argv=None):
     parser.add_argument("--seconds", type=positive_float, default=5.0, help="measured time per setting (bounded)")
     parser.add_argument("--warmup", type=nonnegative_float, default=1.5)
     parser.add_argument("--batch", type=int_at_least(0, "a batch size (0: none)"), default=0, help="also build learner batches of this size (0: just drain)")
+    parser.add_argument("--per-message", type=int_at_least(1, "a positive number of unrolls per message"), default=1,
+                        help="unrolls per message (1: one Unroll each; above 1: UnrollBatch messages of up to this "
+                             "many, as the actors send with their default of 8)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.seconds > 120:
         parser.error("--seconds must be in (0, 120].")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    results = [run_setting(n, args.procs, args.seconds, args.warmup, args.batch) for n in args.clients]
+    results = [run_setting(n, args.procs, args.seconds, args.warmup, args.batch, per_message=args.per_message)
+               for n in args.clients]
     report = {"cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "results": results}
     if args.json:
         print(json.dumps(report, indent=2))

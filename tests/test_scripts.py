@@ -920,6 +920,7 @@ def test_bench_actor_bad_arguments_get_sentences(argv, message):
         ("benchmark", ["--seconds", "inf"], "--seconds: expected a positive number (a finite number), got 'inf'"),
         ("bench_launch", ["--warmup", "nan"], "--warmup: expected a number of 0 or more (a finite number)"),
         ("bench_ingest", ["--clients", "0"], "--clients: expected a positive number of clients, got 0"),
+        ("bench_ingest", ["--per-message", "0"], "--per-message: expected a positive number of unrolls per message, got 0"),
         ("bench_contention", ["--settle", "-1"], "--settle: expected a positive number, got -1"),
     ],
 )
@@ -1082,3 +1083,16 @@ def test_the_main_job_flags_parse_into_its_documented_budget():
     assert config.total_steps == 4_000_000 and config.time_budget_s == 3000.0
     assert config.optimizer["anneal_seconds"] == 3000.0 and config.optimizer["anneal_steps"] == 50_000
     assert config.eval_episodes == 10 and config.eval_greedy
+
+
+def test_bench_ingest_sends_batched_messages_as_the_actors_do():
+    # Bounded: 2 streams in 1 process for 1 s after 0.5 s of warm-up, on loopback.
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_ingest.py"), "--clients", "2", "--procs", "1",
+                           "--seconds", "1", "--warmup", "0.5", "--per-message", "4", "--batch", "4", "--json"],
+                          capture_output=True, text=True, timeout=120, cwd=str(SCRIPTS.parent))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (result,) = json.loads(proc.stdout)["results"]
+    assert result["unrolls_per_message"] == 4 and result["rejected"] == 0
+    # The learner got batches of 4 (the window's edges can cut a message between its unrolls).
+    assert abs(result["unrolls_per_message_received"] - 4) < 1
+    assert result["unrolls_per_s"] > 0 and result["batches_per_s"] > 0

@@ -141,7 +141,7 @@ def test_send_many_packs_unrolls_into_messages_in_order(per_message, max_batch_b
         for i, item in enumerate(drain.items):
             np.testing.assert_array_equal(item.tensors["reward"], unrolls[i]["reward"])
             assert list(item.episode_returns) == [float(i)] and list(item.episode_lengths) == [i + 3]
-        assert server.metrics.unrolls_accepted == 7
+        assert server.metrics.unrolls_accepted == 7 and server.metrics.messages_accepted == messages
     finally:
         drain.stop()
         server.stop()
