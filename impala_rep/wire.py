@@ -247,10 +247,11 @@ def encode_parameters_response(version: int, params: Mapping[str, object]) -> Tu
     pieces = []  # (name, offset of its data in the message, the array), in order
     offset = sum(len(p) for p in parts)
     for name, value in params.items():
-        field, arr = _tensor_field_parts(str(name), value)
-        offset += len(field[0])
-        pieces.append((str(name), offset, arr))
-        offset += len(field[1]) if len(field) > 1 else 0
+        name = str(name)
+        field, arr = _tensor_field_parts(name, value)
+        offset += len(field[0])  # the field's head; its data, arr.nbytes of them, follow
+        pieces.append((name, offset, arr))
+        offset += arr.nbytes
         parts += field
     payload = b"".join(parts)
     views: Dict[str, np.ndarray] = {}

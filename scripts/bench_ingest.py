@@ -53,10 +53,8 @@ def _client_process(address, n_streams, first_id, t_stop, unroll_length, size, r
         items = [(unroll, 0, (), ())] * per_message
         while time.time() < t_stop:
             try:
-                if per_message == 1:
-                    client.send(unroll, policy_version=0, timeout=max(0.05, t_stop - time.time()))
-                else:
-                    client.send_many(items, timeout=max(0.05, t_stop - time.time()))
+                # With unrolls_per_message=1 send_many sends each unroll as send() does.
+                client.send_many(items, timeout=max(0.05, t_stop - time.time()))
             except TimeoutError:
                 break
         client.close(drain=False, timeout=2)
