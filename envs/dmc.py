@@ -23,7 +23,8 @@ shadow, reflection and skybox scene flags off: about 20x faster on a software re
 ``auto`` (default) picks ``fast`` on a software renderer (llvmpipe, softpipe, swrast,
 OSMesa) and ``standard`` on a GPU.
 
-**Coarse shapes** (``coarse_shapes=True``, the default; only under ``fast``): MuJoCo's
+**Coarse shapes** (``coarse_shapes=True``, the default except for the tasks of
+``MODEL_SHAPES_TASKS``; only under ``fast``): MuJoCo's
 built-in shapes (capsules, cylinders, spheres, ellipsoids) are drawn with at most
 ``FAST_NUMSLICES`` = 16 slices and ``FAST_NUMSTACKS`` = 8 stacks
 (``model.vis.quality.numslices``/``numstacks``; the suite's 28 and 16). On llvmpipe a small
@@ -31,7 +32,9 @@ frame's cost is mostly its triangles: cartpole-swingup at 64x64 renders in about
 (0.73 -> 0.39 ms here), walker-walk or cheetah-run at 84x84 in about 0.8 against 1.5 ms, and
 the frames differ from the full tessellation only at the rounded shapes' silhouettes, by a
 fraction of a grey level on average (``tests/test_envs.py``). ``coarse_shapes=False`` keeps
-the model's tessellation.
+the model's tessellation. ``MODEL_SHAPES_TASKS`` (cheetah-run) keep it by default: there the
+model's shapes learned enough more per agent step to end hour-long runs ahead in spite of the
+fewer agent steps (docs/RESULTS.md); ``default_coarse_shapes(env_id)`` gives a task's default.
 
 **Shared rendering contexts** (``share_context=True``, the default): the pixel envs of one
 thread whose models render alike share one OpenGL context and one MuJoCo render context
@@ -111,7 +114,10 @@ __all__ = [
     "OBSERVATION_MODES",
     "FAST_NUMSLICES",
     "FAST_NUMSTACKS",
+    "MODEL_SHAPES_TASKS",
     "make_dmc",
+    "default_coarse_shapes",
+    "run_env_kwargs",
     "recorded_env_kwargs",
     "parse_dmc_id",
     "dmc_ids",
@@ -139,22 +145,45 @@ FAST_NUMSLICES = 16
 FAST_NUMSTACKS = 8
 
 
-def recorded_env_kwargs(env_id: Any, env_kwargs: Any) -> Any:
-    """The env arguments as a run records them: for a ``dmc/`` id, ``coarse_shapes`` written out
-    (True, the default, where not given); anything else as it is (a non-dict, for the caller's
-    own check to refuse).
+# The tasks whose new runs keep the model's tessellation (coarse_shapes=False) by default: on
+# cheetah-run the model's shapes ended both seeds' hour pairs ahead (37 and 87 greedy) and both
+# 30-minute pairs, on fewer agent steps (docs/RESULTS.md, fifty-fourth to fifty-eighth sessions).
+# Walker-walk's pairs split, so it keeps the coarse shapes, as every task not named here does.
+MODEL_SHAPES_TASKS = frozenset({"dmc/cheetah-run"})
 
-    Every run config of a ``dmc/`` id holds it (``RunConfig`` fills it in), so that a later change
-    of the default cannot change what an earlier run's frames look like when it is resumed,
-    repeated (``--config``) or its policy evaluated. The records that predate this (a run's
-    ``config.json``, a policy export) are read through it as well, as they have been read since
-    the coarse shapes became the default (the forty-fifth session; runs from before it rendered
-    the model's shapes: give them ``coarse_shapes=false``)."""
+
+def default_coarse_shapes(env_id: Any) -> bool:
+    """``coarse_shapes`` for a new run of ``env_id`` that does not give it: False for the tasks
+    of :data:`MODEL_SHAPES_TASKS`, True otherwise."""
+    return env_id not in MODEL_SHAPES_TASKS
+
+
+def run_env_kwargs(env_id: Any, env_kwargs: Any) -> Any:
+    """The env arguments of a new run as its config holds them: for a ``dmc/`` id,
+    ``coarse_shapes`` written out (the task's :func:`default_coarse_shapes` where not given);
+    anything else as it is (a non-dict, for the caller's own check to refuse).
+
+    Every run config of a ``dmc/`` id holds it, so that a later change of a default cannot
+    change what an earlier run's frames look like when it is resumed, repeated (``--config``)
+    or its policy evaluated."""
+    return _with_coarse_shapes(env_id, env_kwargs, default_coarse_shapes(env_id))
+
+
+def recorded_env_kwargs(env_id: Any, env_kwargs: Any) -> Any:
+    """The env arguments an earlier run's record (its ``config.json``, a policy export) holds,
+    as that run rendered them: for a ``dmc/`` id without ``coarse_shapes``, True, since a
+    record without it predates :func:`run_env_kwargs` and rendered the coarse shapes, then
+    every task's default (from the forty-fifth session; runs from before it rendered the
+    model's shapes: give them ``coarse_shapes=false``). Anything else as it is."""
+    return _with_coarse_shapes(env_id, env_kwargs, True)
+
+
+def _with_coarse_shapes(env_id: Any, env_kwargs: Any, default: bool) -> Any:
     if not isinstance(env_id, str) or not env_id.startswith("dmc/") or not isinstance(env_kwargs, dict):
         return env_kwargs
     if "coarse_shapes" in env_kwargs:
         return dict(env_kwargs)
-    return {**env_kwargs, "coarse_shapes": True}
+    return {**env_kwargs, "coarse_shapes": default}
 
 
 log = logging.getLogger(__name__)
@@ -601,7 +630,7 @@ def make_dmc(
     fast_repeat: bool = True,
     share_context: bool = True,
     fast_reward: bool = True,
-    coarse_shapes: bool = True,
+    coarse_shapes: Optional[bool] = None,
     fast_step: bool = True,
 ) -> dm_env.Environment:
     """Builds ``dmc/DOMAIN-TASK`` (see the module docstring for every option).
@@ -628,7 +657,8 @@ def make_dmc(
         cheaper; see the module docstring); ``False`` calls ``physics.step``.
       coarse_shapes: with the ``fast`` preset, draw capsules, cylinders and spheres with
         ``FAST_NUMSLICES`` x ``FAST_NUMSTACKS`` (cheaper; the frames differ only at rounded
-        silhouettes); ``False`` keeps the model's tessellation. No effect under ``standard``.
+        silhouettes); ``False`` keeps the model's tessellation; ``None`` (default): the task's
+        :func:`default_coarse_shapes`. No effect under ``standard``.
       share_context: render with the rendering contexts shared by the envs of this thread
         whose models render alike (``envs.render_share``; same frames, cheaper when one
         process steps many envs); ``False`` gives this env contexts of its own, as
@@ -649,6 +679,8 @@ def make_dmc(
         raise EnvError(f"dmc option share_context must be true or false, got {share_context!r}.")
     if not isinstance(fast_reward, (bool, np.bool_)):
         raise EnvError(f"dmc option fast_reward must be true or false, got {fast_reward!r}.")
+    if coarse_shapes is None:
+        coarse_shapes = default_coarse_shapes(env_id)
     if not isinstance(coarse_shapes, (bool, np.bool_)):
         raise EnvError(f"dmc option coarse_shapes must be true or false, got {coarse_shapes!r}.")
     if not isinstance(fast_step, (bool, np.bool_)):

@@ -253,9 +253,9 @@ class RunConfig:
             )
         if not isinstance(self.env_kwargs, Mapping):
             raise ConfigError(f"env_kwargs must be a mapping of env arguments, got {self.env_kwargs!r}.")
-        from envs.dmc import recorded_env_kwargs  # TF-free, and light: dm_control loads when an env is made
+        from envs.dmc import run_env_kwargs  # TF-free, and light: dm_control loads when an env is made
 
-        object.__setattr__(self, "env_kwargs", recorded_env_kwargs(self.env, dict(self.env_kwargs)))
+        object.__setattr__(self, "env_kwargs", run_env_kwargs(self.env, dict(self.env_kwargs)))
         object.__setattr__(self, "network", dict(self.network))
         object.__setattr__(self, "loss", dict(self.loss))
         object.__setattr__(self, "optimizer", dict(self.optimizer))

@@ -13,7 +13,9 @@ from typing import Any, Dict, List, Optional
 
 from impala_rep.config import ACCELERATOR_PARAM_REFRESH_LAG, CPU_PARAM_REFRESH_LAG, DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, NEVER_KEYS, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
 
-__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "ignored_flags", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser", "parse_flags", "read_config_file", "config_file_flags", "CONFIG_NOT_CARRIED"]
+__all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "ignored_flags", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser", "parse_flags", "read_config_file", "config_file_flags", "CONFIG_NOT_CARRIED", "resumed_env_kwargs"]
+
+log = logging.getLogger(__name__)
 
 
 # make_replicator's errors name its arguments (kind=, tpu=, num_replicas=); on the command line
@@ -592,6 +594,33 @@ def ignored_flags(config: RunConfig) -> List[str]:
     return notes
 
 
+def resumed_env_kwargs(env_id: str, env_kwargs: Dict[str, Any], logdir: str, resume: bool) -> Dict[str, Any]:
+    """The env arguments of a ``dmc/`` run resumed in ``logdir`` without ``--env-arg
+    coarse_shapes``: the shapes its ``config.json`` holds (a record without them: the coarse
+    shapes it rendered), so that a task's default changed since the run started does not stop
+    it resuming. ``env_kwargs`` as they are for a new run (no record of the same env there, or
+    ``--no-resume``), which takes the task's default."""
+    if not resume or "coarse_shapes" in env_kwargs or not str(env_id).startswith("dmc/"):
+        return env_kwargs
+    try:
+        with open(os.path.join(logdir, "config.json"), encoding="utf-8") as fh:
+            earlier = json.load(fh)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return env_kwargs  # no readable record: a new run (the learner says why, if it matters)
+    if not isinstance(earlier, dict) or earlier.get("env") != env_id:
+        return env_kwargs  # another task there: the learner refuses to resume it, with a sentence
+    from envs.dmc import default_coarse_shapes, recorded_env_kwargs  # TF-free and light
+
+    recorded = recorded_env_kwargs(env_id, earlier.get("env_kwargs", {}))
+    shapes = recorded.get("coarse_shapes") if isinstance(recorded, dict) else None
+    if not isinstance(shapes, bool):
+        return env_kwargs
+    if shapes != default_coarse_shapes(env_id):
+        log.info("resuming the run in %s with coarse_shapes=%s, as it started (a new run of %s defaults to %s)",
+                 logdir, str(shapes).lower(), env_id, str(not shapes).lower())
+    return {**env_kwargs, "coarse_shapes": shapes}
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Builds the RunConfig (raises ConfigError/EnvError/UsageError with a sentence on bad values)."""
     check_logdir(args.logdir)
@@ -601,7 +630,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     network: Dict[str, Any] = {"torso": args.network, "policy": args.policy, "bins": args.bins}
     if args.lstm_size is not None:
         network["lstm_size"] = args.lstm_size
-    env_kwargs = parse_env_kwargs(args.env_arg)
+    env_kwargs = resumed_env_kwargs(args.env, parse_env_kwargs(args.env_arg), args.logdir, not args.no_resume)
     reward_scale = args.reward_scale
     if reward_scale is None:
         reward_scale = _default_reward_scale(args.env, env_kwargs)

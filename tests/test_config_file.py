@@ -91,7 +91,10 @@ def test_every_dmc_run_records_its_coarse_shapes_and_an_earlier_record_without_t
     assert _config(["--env", "dmc/walker-walk"]).env_kwargs == {"coarse_shapes": True}
     assert _config(["--env", "dmc/walker-walk", "--env-arg", "coarse_shapes=false"]).env_kwargs == {"coarse_shapes": False}
     assert _config(["--env", "catch"]).env_kwargs == {}
-    assert RunConfig(env="dmc/cheetah-run", env_kwargs={"size": 64}).env_kwargs == {"size": 64, "coarse_shapes": True}
+    assert RunConfig(env="dmc/walker-walk", env_kwargs={"size": 64}).env_kwargs == {"size": 64, "coarse_shapes": True}
+    # cheetah-run's default is the model's shapes (envs.dmc.MODEL_SHAPES_TASKS).
+    assert RunConfig(env="dmc/cheetah-run", env_kwargs={"size": 64}).env_kwargs == {"size": 64, "coarse_shapes": False}
+    assert _config(["--env", "dmc/cheetah-run"]).env_kwargs == {"coarse_shapes": False}
     with pytest.raises(ConfigError, match="env_kwargs must be a mapping of env arguments"):
         RunConfig(env="catch", env_kwargs=["rows=7"])
     # A config.json from before coarse_shapes was recorded: repeated with the shapes it rendered.
@@ -177,3 +180,29 @@ def test_switches_the_file_turns_on_can_be_turned_off(tmp_path):
                       "--logdir", str(tmp_path / "off")])
     assert not config.jit_compile and not config.eval_greedy and config.optimizer["anneal_steps"] > 0
     assert not _config(["--env", "catch", "--logdir", str(tmp_path / "d")]).jit_compile  # defaults stay off
+
+
+def test_a_resumed_dmc_run_keeps_the_shapes_it_started_with_and_a_new_one_takes_the_task_default(tmp_path):
+    # A cheetah-run run started when the coarse shapes were every task's default: resuming it in
+    # its logdir with the same command keeps them, where a new run takes the model's shapes.
+    run = tmp_path / "cheetah"
+    run.mkdir()
+    record = _config(["--env", "dmc/cheetah-run", "--env-arg", "coarse_shapes=true", "--logdir", str(run)])
+    (run / "config.json").write_text(record.dumps())
+    again = ["--env", "dmc/cheetah-run", "--logdir", str(run)]
+    assert _config(again).env_kwargs == {"coarse_shapes": True}
+    assert _config(again + ["--no-resume"]).env_kwargs == {"coarse_shapes": False}
+    # Given on the command line, it is what the run asks for (the learner then refuses a mismatch).
+    assert _config(again + ["--env-arg", "coarse_shapes=false"]).env_kwargs == {"coarse_shapes": False}
+    # A record from before coarse_shapes was written out rendered the coarse shapes.
+    data = json.loads((run / "config.json").read_text())
+    data["env_kwargs"] = {}
+    (run / "config.json").write_text(json.dumps(data))
+    assert _config(again).env_kwargs == {"coarse_shapes": True}
+    # Another task's record there, or none that can be read: a new run's default.
+    (run / "config.json").write_text(json.dumps(dict(data, env="dmc/walker-walk")))
+    assert _config(again).env_kwargs == {"coarse_shapes": False}
+    (run / "config.json").write_text("{not json")
+    assert _config(again).env_kwargs == {"coarse_shapes": False}
+    assert _config(["--env", "dmc/cheetah-run", "--logdir", str(tmp_path / "new")]).env_kwargs == \
+        {"coarse_shapes": False}

@@ -255,6 +255,24 @@ def test_fast_preset_tessellation_keeps_the_look():
         envs.make("dmc/walker-walk", render="fast", coarse_shapes="yes")
 
 
+def test_cheetah_run_keeps_the_model_shapes_by_default_and_other_tasks_take_the_coarse_ones():
+    """The per-task default (``dmc.MODEL_SHAPES_TASKS``): cheetah-run's hour pairs ended ahead
+    with the model's tessellation; walker-walk's split, so it keeps the coarse shapes."""
+    def tessellation(env):
+        quality = env.physics.model.vis.quality
+        return int(quality.numslices), int(quality.numstacks)
+
+    coarse = (dmc.FAST_NUMSLICES, dmc.FAST_NUMSTACKS)
+    for env_id, given, expected in (("dmc/cheetah-run", None, (28, 16)), ("dmc/cheetah-run", True, coarse),
+                                    ("dmc/walker-walk", None, coarse), ("dmc/walker-walk", False, (28, 16))):
+        kwargs = {} if given is None else {"coarse_shapes": given}
+        env = envs.make(env_id, seed=0, size=32, render="fast", **kwargs)
+        assert tessellation(env) == expected, (env_id, given)
+        env.close()
+    assert [dmc.default_coarse_shapes(i) for i in ("dmc/cheetah-run", "dmc/walker-walk", "dmc/cartpole-swingup")] \
+        == [False, True, True]
+
+
 def test_dmc_size_camera_and_frame_stack():
     env = envs.make("dmc/cheetah-run", seed=0, size=[24, 40], camera=1, frame_stack=3)
     assert env.observation_spec()["pixels"].shape == (24, 40, 9)

@@ -302,8 +302,7 @@ def test_a_resume_without_a_checkpoint_sets_all_the_earlier_summaries_aside(tmp_
 
 def test_an_earlier_dmc_record_without_coarse_shapes_resumes_with_the_coarse_shapes_it_rendered(tmp_path):
     # Runs recorded before coarse_shapes was written into every dmc/ config rendered them (the default).
-    now = _config(tmp_path, env="dmc/cheetah-run")
-    assert now.env_kwargs == {"coarse_shapes": True}
+    now = _config(tmp_path, env="dmc/cheetah-run", env_kwargs={"coarse_shapes": True})
     path = os.path.join(tmp_path, "config.json")
     with open(path, "w") as f:
         json.dump(dict(now.to_json(), env_kwargs={}), f)
