@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any, Dict, Mapping, Optional, Union
 
-__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "DEFAULT_UNROLLS_PER_MESSAGE", "DEFAULT_PARAM_PREFETCH_STEPS", "DEFAULT_PARAM_REFRESH_LAG", "MAX_PARAM_REFRESH_LAG", "resolve_param_refresh_lag", "resolve_overlap_publish", "resolve_intake", "AUTO_SETTINGS", "NEVER_KEYS", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
+__all__ = ["RunConfig", "DEFAULT_ACTOR_NICE", "DEFAULT_UNROLLS_PER_MESSAGE", "DEFAULT_PARAM_PREFETCH_STEPS", "DEFAULT_PARAM_REFRESH_LAG", "MAX_PARAM_REFRESH_LAG", "resolve_param_refresh_lag", "resolve_overlap_publish", "resolve_intake", "AUTO_SETTINGS", "NEVER_KEYS", "LEARNER_KINDS", "LEARNER_PRECISIONS", "MAX_DESYNC_STEPS", "valid_desync_steps", "actor_view", "read_run_record", "frame_stack_keys", "replayed_per_batch", "ConfigError"]
 
 # What actor processes give up in CPU priority unless told (the launcher may choose 0).
 DEFAULT_ACTOR_NICE = 10
@@ -300,6 +300,17 @@ class RunConfig:
             if key in data and data[key] is None:
                 data[key] = math.inf
         return cls(**data)
+
+
+def read_run_record(path: str) -> Optional[Dict[str, Any]]:
+    """The settings an earlier run's ``config.json`` at ``path`` holds, or None when there is no
+    readable JSON object there (no earlier run to compare with or carry from)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def actor_view(config: RunConfig, frame_stack: Mapping[str, int]) -> Dict[str, Any]:

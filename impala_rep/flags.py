@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
-from impala_rep.config import ACCELERATOR_PARAM_REFRESH_LAG, CPU_PARAM_REFRESH_LAG, DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, NEVER_KEYS, OVERLAP_PUBLISH, RunConfig, replayed_per_batch
+from impala_rep.config import ACCELERATOR_PARAM_REFRESH_LAG, CPU_PARAM_REFRESH_LAG, DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, NEVER_KEYS, OVERLAP_PUBLISH, RunConfig, read_run_record, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "ignored_flags", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser", "parse_flags", "read_config_file", "config_file_flags", "CONFIG_NOT_CARRIED", "resumed_env_kwargs"]
 
@@ -602,22 +602,19 @@ def resumed_env_kwargs(env_id: str, env_kwargs: Dict[str, Any], logdir: str, res
     ``--no-resume``), which takes the task's default."""
     if not resume or "coarse_shapes" in env_kwargs or not str(env_id).startswith("dmc/"):
         return env_kwargs
-    try:
-        with open(os.path.join(logdir, "config.json"), encoding="utf-8") as fh:
-            earlier = json.load(fh)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return env_kwargs  # no readable record: a new run (the learner says why, if it matters)
-    if not isinstance(earlier, dict) or earlier.get("env") != env_id:
-        return env_kwargs  # another task there: the learner refuses to resume it, with a sentence
+    earlier = read_run_record(os.path.join(logdir, "config.json"))
+    if earlier is None or earlier.get("env") != env_id:
+        return env_kwargs  # no record (a new run), or another task's (the learner refuses to resume it)
     from envs.dmc import default_coarse_shapes, recorded_env_kwargs  # TF-free and light
 
     recorded = recorded_env_kwargs(env_id, earlier.get("env_kwargs", {}))
     shapes = recorded.get("coarse_shapes") if isinstance(recorded, dict) else None
     if not isinstance(shapes, bool):
         return env_kwargs
-    if shapes != default_coarse_shapes(env_id):
+    default = default_coarse_shapes(env_id)
+    if shapes != default:
         log.info("resuming the run in %s with coarse_shapes=%s, as it started (a new run of %s defaults to %s)",
-                 logdir, str(shapes).lower(), env_id, str(not shapes).lower())
+                 logdir, str(shapes).lower(), env_id, str(default).lower())
     return {**env_kwargs, "coarse_shapes": shapes}
 
 

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 import numpy as np
 
 from envs.dmc import recorded_env_kwargs
-from impala_rep.config import (AUTO_SETTINGS, RunConfig, actor_view, frame_stack_keys, resolve_intake,
-                               resolve_overlap_publish, resolve_param_refresh_lag)
+from impala_rep.config import (AUTO_SETTINGS, RunConfig, actor_view, frame_stack_keys, read_run_record,
+                               resolve_intake, resolve_overlap_publish, resolve_param_refresh_lag)
 from impala_rep.flags import check_logdir, configure_logging as configure_base_logging
 from impala_rep.specs import ArraySpec, EnvSpec, core_state_spec, stacked_observation_specs, unroll_spec
 from learner.summaries import ScalarWriter, trim_events_after
@@ -817,12 +817,8 @@ def check_resumed_settings(config: RunConfig, path: str, learner_kind: Optional[
     the earlier run left no readable record. With ``learner_kind`` (this learner's: cpu, gpu,
     tpu), a setting of :data:`AUTO_SETTINGS` has not changed when both values mean the same
     there (an older run's ``param_refresh_lag`` of 1 and auto on a CPU learner)."""
-    try:
-        with open(path) as f:
-            earlier = json.load(f)
-    except (OSError, ValueError):
-        return []
-    if not isinstance(earlier, dict):
+    earlier = read_run_record(path)
+    if earlier is None:
         return []
     now = json.loads(json.dumps(config.to_json()))  # tuples as lists, as in the file
     if "env_kwargs" in earlier:  # an earlier record without coarse_shapes: what it rendered
