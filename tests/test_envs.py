@@ -257,7 +257,7 @@ def test_fast_preset_tessellation_keeps_the_look():
 
 def test_cheetah_run_keeps_the_model_shapes_by_default_and_other_tasks_take_the_coarse_ones():
     """The per-task default (``dmc.MODEL_SHAPES_TASKS``): cheetah-run's hour pairs ended ahead
-    with the model's tessellation; walker-walk's split, so it keeps the coarse shapes."""
+    with the model's tessellation; walker-walk's favoured the coarse shapes (two of three), which it keeps."""
     def tessellation(env):
         quality = env.physics.model.vis.quality
         return int(quality.numslices), int(quality.numstacks)
