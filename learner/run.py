@@ -45,6 +45,12 @@ __all__ = ["Trainer", "main", "make_learner_step", "start_trainer"]
 log = logging.getLogger("impala_rep.learner")
 
 # What the divergence sentences advise, the same in each of them.
+# The loss metrics whose extreme over each logging window its record also holds, beside the
+# window's last step (``loss/*``): ``window/<name>_<max|min>`` and, for the gradient norm, the
+# learner step it came from (``window/grad_norm_max_step``). A transient collapse (docs/RESULTS.md,
+# sixty-second session) lasts a few steps, which the last step of a 30-second window can miss.
+WINDOW_EXTREMES = (("grad_norm", max), ("baseline_loss", max), ("entropy_mean", max), ("value_mean", min))
+
 _DIVERGED_ADVICE = (
     "a lower --learning-rate or --clip-norm (or the rewards rescaled: --reward-scale, --reward-clip)"
 )
@@ -473,6 +479,7 @@ class Trainer:
         extra: Dict[str, Any] = {}
         lag: Dict[str, float] = {}
         metrics: Dict[str, Any] = {}
+        extremes: Dict[str, float] = {}  # this window's, by WINDOW_EXTREMES
 
         def close_window(now: float) -> None:
             """Writes the record and progress line of the window that ends ``now``."""
@@ -483,7 +490,8 @@ class Trainer:
             if cfg.replay_ratio > 0:
                 extra = dict(extra, replayed_share=replayed / max(1, trained))
                 replayed = trained = 0
-            record = self._record(metrics, lag, extra, steps / elapsed, agent / elapsed)
+            record = self._record(metrics, lag, dict(extra, **extremes), steps / elapsed, agent / elapsed)
+            extremes.clear()
             self._log_progress(record)
             window_t, window_steps, window_agent = now, self.learner_step, int(self.agent_steps.numpy())
 
@@ -536,6 +544,14 @@ class Trainer:
             self._timing["publish"] += t3 - t2
             lag = policy_lag(batch.tensors["policy_version"], version - 1)
             self._returns.extend(float(r) for r in batch.episode_returns)
+            for name, pick in WINDOW_EXTREMES:
+                if name in metrics:
+                    key = f"window/{name}_{pick.__name__}"
+                    value = float(metrics[name])
+                    if key not in extremes or pick(value, extremes[key]) != extremes[key]:
+                        extremes[key] = value
+                        if name == "grad_norm":
+                            extremes["window/grad_norm_max_step"] = float(step)
             now = time.monotonic()
             if now - window_t >= cfg.log_interval_s:
                 close_window(now)

@@ -74,6 +74,49 @@ def test_each_train_call_records_its_last_steps_and_an_idle_one_records_nothing(
     assert [(r["learner_step"], r["agent_steps"]) for r in _records(tmp_path)] == [(2, 40), (5, 100)]
 
 
+def test_each_record_holds_its_windows_extremes_of_the_loss_metrics(tmp_path, catch_spec):
+    """``loss/*`` is the window's last step; ``window/*`` (learner.run.WINDOW_EXTREMES) the
+    extremes over all of its steps, with the step of the largest gradient norm, reset each window."""
+    seen = []
+
+    def spying(trainer):
+        train_and_read = trainer.step.train_and_read
+
+        def spy(batch):
+            metrics, read = train_and_read(batch)
+            seen.append((read[0], dict(metrics)))
+            return metrics, read
+        trainer.step.train_and_read = spy
+        return trainer
+
+    trainer = spying(_trainer(tmp_path / "window", catch_spec, 6))
+    try:
+        trainer.train(max_learner_steps=6)
+    finally:
+        trainer.close(save=False)
+    (record,) = _records(tmp_path / "window")
+    assert [step for step, _ in seen] == [1, 2, 3, 4, 5, 6]
+    norms = [m["grad_norm"] for _, m in seen]
+    assert record["loss/grad_norm"] == pytest.approx(norms[-1])
+    assert record["window/grad_norm_max"] == pytest.approx(max(norms))
+    assert record["window/grad_norm_max_step"] == seen[norms.index(max(norms))][0]
+    for name, pick in learner.run.WINDOW_EXTREMES:
+        assert record[f"window/{name}_{pick.__name__}"] == pytest.approx(pick(m[name] for _, m in seen)), name
+
+    seen.clear()
+    every_step = spying(_trainer(tmp_path / "every", catch_spec, 4, log_interval_s=1e-6))
+    try:
+        every_step.train(max_learner_steps=4)
+    finally:
+        every_step.close(save=False)
+    records = _records(tmp_path / "every")
+    assert [r["learner_step"] for r in records] == [1, 2, 3, 4]
+    for r, (step, metrics) in zip(records, seen):  # one step per window: its own values, none carried over
+        assert r["window/grad_norm_max"] == pytest.approx(metrics["grad_norm"]) == pytest.approx(r["loss/grad_norm"])
+        assert r["window/value_mean_min"] == pytest.approx(metrics["value_mean"])
+        assert r["window/grad_norm_max_step"] == step
+
+
 def test_log_interval_never_writes_no_record(tmp_path, catch_spec):
     trainer = _trainer(tmp_path, catch_spec, 3, log_interval_s=math.inf)
     try:
