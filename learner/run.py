@@ -44,13 +44,13 @@ __all__ = ["Trainer", "main", "make_learner_step", "start_trainer"]
 
 log = logging.getLogger("impala_rep.learner")
 
-# What the divergence sentences advise, the same in each of them.
 # The loss metrics whose extreme over each logging window its record also holds, beside the
 # window's last step (``loss/*``): ``window/<name>_<max|min>`` and, for the gradient norm, the
 # learner step it came from (``window/grad_norm_max_step``). A transient collapse (docs/RESULTS.md,
 # sixty-second session) lasts a few steps, which the last step of a 30-second window can miss.
 WINDOW_EXTREMES = (("grad_norm", max), ("baseline_loss", max), ("entropy_mean", max), ("value_mean", min))
 
+# What the divergence sentences advise, the same in each of them.
 _DIVERGED_ADVICE = (
     "a lower --learning-rate or --clip-norm (or the rewards rescaled: --reward-scale, --reward-clip)"
 )
