@@ -157,6 +157,7 @@ class RunConfig:
     eval_episodes: int = 0
     eval_greedy: bool = False
     desync_steps: int = 0
+    capture_spikes: int = 0
 
     def __post_init__(self):
         if not isinstance(self.env, str) or not self.env:
@@ -232,6 +233,12 @@ class RunConfig:
             raise ConfigError(
                 f"desync-steps must be a whole number of agent steps from 0 (every env starts its first episode "
                 f"at once) to {MAX_DESYNC_STEPS}, got {self.desync_steps!r}."
+            )
+        if isinstance(self.capture_spikes, bool) or not isinstance(self.capture_spikes, int) \
+                or self.capture_spikes < 0:
+            raise ConfigError(
+                f"capture-spikes must be a whole number of learner steps to keep replayable (0: none), "
+                f"got {self.capture_spikes!r}."
             )
         if not 0 <= self.actor_nice <= 19:
             raise ConfigError(f"actor-nice must be between 0 and 19, got {self.actor_nice}.")

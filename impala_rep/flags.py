@@ -295,6 +295,10 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    help="evaluate each exported policy (every checkpoint and the last) on N episodes in a "
                         "separate process: eval/eval-STEP.json, eval/return in TensorBoard, a log line "
                         "(default 0: none)")
+    g.add_argument("--capture-spikes", type=_nonnegative_int, default=0, metavar="N",
+                   help="keep the learner's state from N to 2N steps ago and the batches trained on since in "
+                        "memory, and write them to captures/step-S when a step's policy entropy rises over a nat "
+                        "above theirs (a collapse), for scripts/replay_capture.py to replay (default 0: none)")
     g.add_argument("--eval-greedy", action=argparse.BooleanOptionalAction, default=False,
                    help="those evaluations act with the policy's mode (default: they sample)")
 
@@ -390,7 +394,7 @@ _CONFIG_AS_FLAG = (
     "env", "actors", "learner", "tpu_address", "unroll_length", "batch_size", "frame_stack", "total_steps", "seed",
     "keep_checkpoints", "queue_unrolls", "max_actor_restarts", "unrolls_per_message", "param_refresh_lag",
     "max_actor_streams", "learner_precision", "overlap_publish", "intake", "replay_ratio", "replay_unrolls",
-    "eval_episodes",
+    "eval_episodes", "capture_spikes",
 )
 _CONFIG_RENAMED = {"time_budget_s": "--time-budget", "checkpoint_interval_s": "--checkpoint-interval",
                    "log_interval_s": "--log-interval"}
@@ -685,6 +689,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         replay_unrolls=args.replay_unrolls,
         eval_episodes=args.eval_episodes,
         eval_greedy=args.eval_greedy,
+        capture_spikes=args.capture_spikes,
         desync_steps=(_default_desync_steps(args.env, env_kwargs) if getattr(args, "desync_steps", None) is None
                       else args.desync_steps),
     )

@@ -230,6 +230,14 @@ class Trainer:
         if config.eval_episodes:
             self.evaluator = PolicyEvaluator(config.logdir, config.eval_episodes, greedy=config.eval_greedy,
                                              seed=config.seed, nice=config.actor_nice)
+        # --capture-spikes: the state and batches to replay a collapse of the policy with.
+        self.capture = None
+        if config.capture_spikes:
+            from learner.capture import SpikeCapture
+
+            self.capture = SpikeCapture(
+                self.checkpoint, config.logdir, config.capture_spikes, options=self._checkpoint_options,
+                describe={"config.json": config.dumps(), "env_spec.json": json.dumps(self.env_spec.to_json())})
         # Seconds of the current progress window spent waiting for a batch (queue and
         # batching), in the learner step, and publishing parameters.
         self._timing: Dict[str, float] = collections.defaultdict(float)
@@ -423,7 +431,8 @@ class Trainer:
     def _release(self) -> None:
         """Closes what the trainer opened, the run directory's lock last; also after a start
         that failed part of the way (a part it did not reach is skipped)."""
-        for name in ("_publisher", "evaluator", "server", "queue", "batcher", "_metrics_file", "_writer", "_lock_file"):
+        for name in ("_publisher", "evaluator", "server", "queue", "batcher", "capture", "_metrics_file", "_writer",
+                     "_lock_file"):
             part = getattr(self, name, None)
             if part is not None:
                 part.stop() if name == "server" else part.close()
@@ -514,6 +523,8 @@ class Trainer:
             if anneal_by_time and time.monotonic() - clock_set >= 1.0:
                 self.step.set_train_seconds(self.train_seconds())
                 clock_set = time.monotonic()
+            if self.capture is not None:
+                self.capture.before_step(self.learner_step, batch.tensors, float(self.step.train_seconds.numpy()))
             # The step and the read of its parameters for the actors, in one call.
             metrics, (step, params) = self.step.train_and_read(batch.tensors)
             t2 = time.perf_counter()
@@ -529,6 +540,8 @@ class Trainer:
             elif not params_finite(params):
                 self._stop_diverged(step, metrics)
                 break
+            if self.capture is not None:
+                self.capture.after_step(metrics)
             # Agent steps count what the actors produced: replayed unrolls were counted when fresh.
             self.agent_steps.assign_add(cfg.unroll_length * batch.fresh)
             replayed += batch.batch_size - batch.fresh

@@ -1,0 +1,64 @@
+"""Replays the learner updates a run's ``--capture-spikes`` kept around a collapse of its policy.
+
+    .venv/bin/python scripts/replay_capture.py runs/walker/captures/step-2214
+    .venv/bin/python scripts/replay_capture.py runs/walker/captures/step-2214 --learning-rate 3e-4 --json
+
+One line per update, from the state the capture holds: the learner step it ran on; the policy's
+entropy, the value head's mean, the gradient norm (before clipping) and the baseline loss, as
+the run recorded them and as the replay computes them (they agree when the replay reproduces
+the run); and how far the update moved each layer (the norm of its change over the norm of its
+parameters before). ``--learning-rate`` and ``--clip-norm`` replay with other settings, to see
+whether the collapse still comes. See ``learner/capture.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SHOWN = ("entropy_mean", "value_mean", "grad_norm", "baseline_loss")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("capture", help="a captures/step-S directory of a run")
+    parser.add_argument("--learning-rate", type=float, default=None, help="replay with this learning rate")
+    parser.add_argument("--clip-norm", type=float, default=None, help="replay with this gradient clip norm")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.capture):
+        parser.error(f"{args.capture} is not a directory: give a captures/step-S directory of a run that had "
+                     "--capture-spikes.")
+    from learner.run import configure_logging, configure_tensorflow_env, configure_threads
+    from impala_rep.plan import available_cores
+
+    configure_logging()
+    configure_tensorflow_env()
+    with open(os.path.join(args.capture, "config.json")) as f:
+        replicas = json.load(f).get("replicas") or 1
+    configure_threads(available_cores(), replicas)
+    from learner.capture import replay_capture
+
+    try:
+        rows, _ = replay_capture(args.capture, learning_rate=args.learning_rate, clip_norm=args.clip_norm)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    layers = list(rows[0]["update"]) if rows else []
+    print("step  " + "  ".join(f"{m} (run/replay)" for m in SHOWN) + "  |  update/norm: " + ", ".join(layers))
+    for r in rows:
+        pairs = "  ".join(f"{r['recorded'].get(m, float('nan')):.4g}/{r['replayed'].get(m, float('nan')):.4g}"
+                          for m in SHOWN)
+        print(f"{r['learner_step']}  {pairs}  |  " + " ".join(f"{r['update'][k]:.2e}" for k in layers))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
