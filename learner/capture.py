@@ -9,8 +9,9 @@ say which update did it, nor why; replaying the updates from a state before it c
 :class:`SpikeCapture` keeps, in memory, the learner's full state (the same objects as its
 checkpoints) from at least N and fewer than 2N learner steps ago, written to TensorFlow's
 ``ram://`` file system every N steps, and a copy of every batch trained on since. When a step's
-entropy (``entropy_mean``, measured on its batch before its update) rises more than
-:data:`ENTROPY_RISE` nats above the highest of the kept steps', it writes them out to
+entropy (``entropy_mean``, measured on its batch before its update) rises above the highest of
+the kept steps' by more than :data:`ENTROPY_RISE` nats and more than that highest value, it
+writes them out to
 ``LOGDIR/captures/step-S/`` (S: the learner step of that update):
 
 - ``checkpoint/`` the state before the first kept update (``tf.train.Checkpoint`` files);
@@ -43,9 +44,12 @@ log = logging.getLogger("impala_rep.learner")
 
 __all__ = ["ENTROPY_RISE", "MAX_CAPTURES", "SpikeCapture", "read_capture"]
 
-# A step whose entropy is this many nats above every kept step's is a collapse: the policy's
-# entropy falls as it learns and moves by a few hundredths between batches (walker-walk at
-# 0.6-0.8 nats for 6 actions of 11 bins); the collapse raised it by 5.6.
+# A step whose entropy is above every kept step's by this many nats, and by as much as the
+# highest of them (so, where that is positive, at least twice it), is a collapse. The policy's
+# entropy falls as it learns; late in a walker-walk hour it moves by a few tenths between
+# batches (0.5-0.9 nats for 6 actions of 11 bins), and the collapse raised it from 0.7 to 6.4.
+# Early on it moves more: at 4 minutes (sixty-third session) it went between 3.5 and 5.6 over 24
+# steps and then to 6.7, which a rise of 1 nat alone took for a collapse.
 ENTROPY_RISE = 1.0
 # Captures written per learner process at most (each is about 2N batches on disk).
 MAX_CAPTURES = 3
@@ -111,7 +115,7 @@ class SpikeCapture:
         entropy = values.get("entropy_mean")
         highest = max((r["metrics"].get("entropy_mean", -np.inf) for _, _, r in self._kept), default=None)
         self._kept.append((learner_step, tensors, record))
-        if (entropy is None or highest is None or not entropy > highest + self.rise
+        if (entropy is None or highest is None or not self.is_collapse(entropy, highest)
                 or learner_step <= self._quiet_until or len(self.captured) >= self.max_captures):
             return None
         try:
@@ -127,6 +131,10 @@ class SpikeCapture:
                     "to it and the state before them are in %s (replay them with python scripts/replay_capture.py "
                     "%s)", highest, entropy, learner_step + 1, len(self._kept), path, path)
         return path
+
+    def is_collapse(self, entropy: float, highest: float) -> bool:
+        """Whether a step's ``entropy`` is a collapse after kept steps whose highest was ``highest``."""
+        return entropy > highest + max(self.rise, abs(highest))
 
     def _write(self, step: int) -> str:
         """Writes the oldest snapshot and every kept update to captures/step-<step>, atomically."""
@@ -202,7 +210,10 @@ def replay_capture(path: str, learner: str = "cpu", learning_rate: Optional[floa
     order, and the network's parameters after the last.
 
     Each row holds the update's ``learner_step`` (the state it ran on), its metrics as the run
-    recorded them (``recorded``) and as the replay computes them (``replayed``), and for each
+    recorded them (``recorded``) and as the replay computes them (``replayed``), the metrics
+    of the capture's last batch (the one whose entropy made it) on the state before the update
+    (``last_batch``: whether that batch's entropy comes from the updates before it, or from the
+    batch, whose states the policy may be less sure of, whatever the updates), and for each
     layer the norm of the update's change to its parameters over their norm before it
     (``update``). ``learning_rate`` and ``clip_norm`` replace the run's, to see whether the
     collapse happens without its settings; the learning rate is the one before any annealing
@@ -234,18 +245,27 @@ def replay_capture(path: str, learner: str = "cpu", learning_rate: Optional[floa
                                  replicas=config.replicas if learner == "cpu" == config.learner else None)
     step = make_learner_step(config, env_spec, make_replicator(learner, num_replicas=config.replicas))
     prefix = os.path.join(path, steps["checkpoint"])
-    tf.train.Checkpoint(**step.checkpoint_objects()).read(prefix).expect_partial()
+    state = tf.train.Checkpoint(**step.checkpoint_objects())
+    state.read(prefix).expect_partial()
     step.restore_configured_learning_rate()
     if int(step.step.numpy()) != steps["state_learner_step"]:
         raise ValueError(f"{path}: its checkpoint is at learner step {int(step.step.numpy())}, not the "
                          f"{steps['state_learner_step']} steps.json says; the capture is damaged.")
     rows = []
+    scratch = f"ram://impala_rep-replay-{os.getpid()}-{next(_ids)}"
     before = {k: np.array(v, copy=True) for k, v in step.get_params()[1].items()}
     for record, batch in zip(steps["steps"], batches):
         if int(step.step.numpy()) != record["learner_step"]:
             raise ValueError(f"{path}: steps.json's updates do not follow on from one another at learner step "
                              f"{record['learner_step']}; the capture is damaged.")
         step.set_train_seconds(record["train_seconds"])
+        # The last batch's metrics on this state: an update on it, undone.
+        # (A fresh path each time: TensorFlow's ram:// file system does not truncate a file
+        # written again, and the checkpoint read back failed its checksum.)
+        held = state.write(f"{scratch}/{record['learner_step']}/state")
+        last_batch = {k: float(np.asarray(v)) for k, v in step.train(batches[-1]).items()}
+        state.read(held).assert_consumed()
+        tf.io.gfile.rmtree(f"{scratch}/{record['learner_step']}")
         metrics, (_, params) = step.train_and_read(batch)
         after = {k: np.array(v, copy=True) for k, v in params.items()}
         change: Dict[str, List[float]] = collections.defaultdict(lambda: [0.0, 0.0])
@@ -257,6 +277,7 @@ def replay_capture(path: str, learner: str = "cpu", learning_rate: Optional[floa
             "learner_step": record["learner_step"],
             "recorded": record["metrics"],
             "replayed": {k: float(np.asarray(v)) for k, v in metrics.items()},
+            "last_batch": last_batch,
             "update": {layer: float(np.sqrt(d / n)) if n > 0 else float(np.sqrt(d)) for layer, (d, n) in
                        sorted(change.items())},
         })

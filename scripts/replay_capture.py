@@ -6,7 +6,8 @@
 One line per update, from the state the capture holds: the learner step it ran on; the policy's
 entropy, the value head's mean, the gradient norm (before clipping) and the baseline loss, as
 the run recorded them and as the replay computes them (they agree when the replay reproduces
-the run); and how far the update moved each layer (the norm of its change over the norm of its
+the run); the entropy and value mean of the capture's last batch on the state before the update
+(flat when that batch's entropy is the batch's own, rising when the updates raised it); and how far the update moved each layer (the norm of its change over the norm of its
 parameters before). ``--learning-rate`` and ``--clip-norm`` replay with other settings, to see
 whether the collapse still comes. See ``learner/capture.py``.
 """
@@ -52,11 +53,13 @@ def main(argv=None) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     layers = list(rows[0]["update"]) if rows else []
-    print("step  " + "  ".join(f"{m} (run/replay)" for m in SHOWN) + "  |  update/norm: " + ", ".join(layers))
+    print("step  " + "  ".join(f"{m} (run/replay)" for m in SHOWN) + "  |  last batch's entropy, value_mean"
+          "  |  update/norm: " + ", ".join(layers))
     for r in rows:
         pairs = "  ".join(f"{r['recorded'].get(m, float('nan')):.4g}/{r['replayed'].get(m, float('nan')):.4g}"
                           for m in SHOWN)
-        print(f"{r['learner_step']}  {pairs}  |  " + " ".join(f"{r['update'][k]:.2e}" for k in layers))
+        last = f"{r['last_batch'].get('entropy_mean', float('nan')):.4g} {r['last_batch'].get('value_mean', float('nan')):.4g}"
+        print(f"{r['learner_step']}  {pairs}  |  {last}  |  " + " ".join(f"{r['update'][k]:.2e}" for k in layers))
     return 0
 
 

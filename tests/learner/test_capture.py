@@ -34,7 +34,7 @@ def test_a_capture_replays_to_the_runs_own_metrics_and_parameters(tmp_path, catc
     try:
         trainer.train(max_learner_steps=5)
         assert trainer.capture.captured == []  # catch's entropy does not jump on these batches
-        trainer.capture.rise = -1e9  # the next step counts as a collapse, whatever its entropy
+        trainer.capture.is_collapse = lambda entropy, highest: True  # the next step is one, whatever its entropy
         trainer.train(max_learner_steps=1)
         final = {k: np.array(v) for k, v in trainer.step.get_params()[1].items()}
     finally:
@@ -59,6 +59,10 @@ def test_a_capture_replays_to_the_runs_own_metrics_and_parameters(tmp_path, catc
             assert row["replayed"][name] == pytest.approx(row["recorded"][name], rel=1e-4, abs=1e-6), name
         assert set(row["update"]) == {layer_of(name) for name in final}
         assert all(0 < v < 1 for v in row["update"].values())
+    # The last batch's metrics on each state are its own on the last one (the step that made the
+    # capture), and on the others the run's state then, not the run's metrics for it.
+    assert rows[-1]["last_batch"]["entropy_mean"] == pytest.approx(rows[-1]["replayed"]["entropy_mean"], rel=1e-5)
+    assert rows[0]["last_batch"]["entropy_mean"] != pytest.approx(rows[0]["replayed"]["entropy_mean"], rel=1e-3)
     # The replay ends where the run did: its last update's parameters are the run's.
     assert set(params) == set(final)
     for name, value in final.items():
@@ -84,15 +88,15 @@ def test_a_capture_comes_only_when_the_entropy_rises_past_every_kept_steps_and_n
                            describe={"config.json": "{}"}, max_captures=2)
     batch = {"x": np.zeros(3, np.float32)}
     written = []
-    entropies = [0.7, 0.72, 0.69, 1.5, 6.4, 8.0, 0.7, 0.7, 0.7, 7.0, 0.7, 0.7, 0.7, 8.0]
+    entropies = [0.7, 0.72, 0.69, 1.5, 6.4, 14.0, 0.7, 0.7, 0.7, 7.0, 0.7, 0.7, 0.7, 8.0]
     for step, entropy in enumerate(entropies):
         capture.before_step(step, batch, 0.0)
         counter.assign(step + 1)
         written.append(capture.after_step({"entropy_mean": np.float32(entropy)}))
     # Snapshots every 2 steps, the two newest kept. 1.5 is 0.78 above 0.72: no capture; 6.4 rises
-    # 4.9 past 1.5: a capture; 8.0 rises past 6.4 too, but within the 2 quiet steps after it; 7.0
-    # rises past the kept steps' 0.7 (the snapshot at step 8 dropped 6.4 and 8.0); the last jump
-    # is past max_captures.
+    # 4.9 past 1.5: a capture; 14.0 rises past twice 6.4 too, but within the 2 quiet steps after
+    # it; 7.0 rises past the kept steps' 0.7 (the snapshot at step 8 dropped 6.4 and 14.0); the
+    # last jump is past max_captures.
     assert [i for i, w in enumerate(written) if w] == [4, 9]
     first = os.path.join(tmp_path, "captures", "step-5")
     assert capture.captured == [first, os.path.join(tmp_path, "captures", "step-10")]
@@ -104,6 +108,26 @@ def test_a_capture_comes_only_when_the_entropy_rises_past_every_kept_steps_and_n
     # The state is the counter's at step 6.
     tf.train.Checkpoint(counter=counter).read(os.path.join(capture.captured[1], steps["checkpoint"])).assert_consumed()
     assert int(counter.numpy()) == 6
+
+
+@pytest.mark.parametrize("entropies, captured_at", [
+    ([5.3, 4.1, 3.5, 5.58, 6.7], None),  # early in a walker run: a nat, but not twice the highest
+    ([0.8, 0.7, 1.7, 0.7], None),  # a nat, but not past twice 0.8
+    ([0.8, 0.7, 1.9], 2),
+    # A Gaussian policy's can be negative: -0.5 is 1.5 nats past -2.0, not 2.0; 1.0 is past -0.5
+    # by a nat and more.
+    ([-2.0, -2.1, -0.5, 1.0], 3),
+])
+def test_a_collapse_is_a_rise_of_a_nat_and_of_the_kept_steps_highest_entropy(tmp_path, entropies, captured_at):
+    import tensorflow as tf
+
+    capture = SpikeCapture(tf.train.Checkpoint(counter=tf.Variable(0)), str(tmp_path), history=8, describe={})
+    written = []
+    for step, entropy in enumerate(entropies):
+        capture.before_step(step, {"x": np.zeros(1)}, 0.0)
+        written.append(capture.after_step({"entropy_mean": entropy}))
+    assert [i for i, w in enumerate(written) if w] == ([] if captured_at is None else [captured_at])
+    capture.close()
     capture.close()
 
 
