@@ -150,7 +150,7 @@ class SpikeCapture:
             for name in tf.io.gfile.listdir(folder):
                 if name.startswith(stem + "."):
                     tf.io.gfile.copy(f"{folder}/{name}", os.path.join(tmp, "checkpoint", name))
-            kept = [k for k in self._kept if k[0] >= first]
+            kept = list(self._kept)  # all from the oldest snapshot on: before_step drops older ones
             np.savez(os.path.join(tmp, "batches.npz"),
                      **{f"{i}/{key}": array for i, (_, tensors, _) in enumerate(kept) for key, array in tensors.items()})
             with open(os.path.join(tmp, "steps.json"), "w") as f:
@@ -201,7 +201,7 @@ def read_capture(path: str) -> Tuple[Dict[str, Any], List[Dict[str, np.ndarray]]
 
 def layer_of(name: str) -> str:
     """The layer a parameter belongs to (``torso/pixels/conv_0/kernel`` -> ``torso/pixels/conv_0``)."""
-    return name.rsplit("/", 1)[0] if "/" in name else name
+    return name.rsplit("/", 1)[0]
 
 
 def replay_capture(path: str, learner: str = "cpu", learning_rate: Optional[float] = None,

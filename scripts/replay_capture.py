@@ -7,8 +7,8 @@ One line per update, from the state the capture holds: the learner step it ran o
 entropy, the value head's mean, the gradient norm (before clipping) and the baseline loss, as
 the run recorded them and as the replay computes them (they agree when the replay reproduces
 the run); the entropy and value mean of the capture's last batch on the state before the update
-(flat when that batch's entropy is the batch's own, rising when the updates raised it); and how far the update moved each layer (the norm of its change over the norm of its
-parameters before). ``--learning-rate`` and ``--clip-norm`` replay with other settings, to see
+(flat when that batch's entropy is the batch's own, rising when the updates raised it); and how
+far the update moved each layer (the norm of its change over the norm of its parameters before). ``--learning-rate`` and ``--clip-norm`` replay with other settings, to see
 whether the collapse still comes. See ``learner/capture.py``.
 """
 
@@ -39,8 +39,11 @@ def main(argv=None) -> int:
 
     configure_logging()
     configure_tensorflow_env()
-    with open(os.path.join(args.capture, "config.json")) as f:
-        replicas = json.load(f).get("replicas") or 1
+    try:  # the replicas the run's step had (a capture without a readable config.json is a sentence below)
+        with open(os.path.join(args.capture, "config.json")) as f:
+            replicas = json.load(f).get("replicas") or 1
+    except (OSError, ValueError, AttributeError):
+        replicas = 1
     configure_threads(available_cores(), replicas)
     from learner.capture import replay_capture
 
@@ -58,7 +61,7 @@ def main(argv=None) -> int:
     for r in rows:
         pairs = "  ".join(f"{r['recorded'].get(m, float('nan')):.4g}/{r['replayed'].get(m, float('nan')):.4g}"
                           for m in SHOWN)
-        last = f"{r['last_batch'].get('entropy_mean', float('nan')):.4g} {r['last_batch'].get('value_mean', float('nan')):.4g}"
+        last = " ".join(f"{r['last_batch'].get(m, float('nan')):.4g}" for m in ("entropy_mean", "value_mean"))
         print(f"{r['learner_step']}  {pairs}  |  {last}  |  " + " ".join(f"{r['update'][k]:.2e}" for k in layers))
     return 0
 

@@ -149,3 +149,7 @@ def test_replaying_something_that_is_not_a_capture_says_so(tmp_path):
     out = subprocess.run([sys.executable, "scripts/replay_capture.py", str(tmp_path / "nothing")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "give a captures/step-S directory" in out.stderr
+    # A directory that is not a capture (no config.json, steps.json or batches): the same sentence as above.
+    out = subprocess.run([sys.executable, "scripts/replay_capture.py", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "is not a whole capture of --capture-spikes" in out.stderr, out.stderr
