@@ -298,7 +298,7 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--capture-spikes", type=_nonnegative_int, default=0, metavar="N",
                    help="keep the learner's state from N to 2N steps ago and the batches trained on since in "
                         "memory, and write them to captures/step-S when a step's policy entropy rises above their "
-                        "highest by over a nat and over that highest (a collapse), for scripts/replay_capture.py to "
+                        "median by over 2 nats and over that median (a collapse), for scripts/replay_capture.py to "
                         "replay (default 0: none)")
     g.add_argument("--eval-greedy", action=argparse.BooleanOptionalAction, default=False,
                    help="those evaluations act with the policy's mode (default: they sample)")

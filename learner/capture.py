@@ -9,9 +9,9 @@ say which update did it, nor why; replaying the updates from a state before it c
 :class:`SpikeCapture` keeps, in memory, the learner's full state (the same objects as its
 checkpoints) from at least N and fewer than 2N learner steps ago, written to TensorFlow's
 ``ram://`` file system every N steps, and a copy of every batch trained on since. When a step's
-entropy (``entropy_mean``, measured on its batch before its update) rises above the highest of
-the kept steps' by more than :data:`ENTROPY_RISE` nats and more than that highest value, it
-writes them out to
+entropy (``entropy_mean``, measured on its batch before its update) rises above the median of
+the kept steps' by more than :data:`ENTROPY_RISE` nats and more than that median, it writes
+them out to
 ``LOGDIR/captures/step-S/`` (S: the learner step of that update):
 
 - ``checkpoint/`` the state before the first kept update (``tf.train.Checkpoint`` files);
@@ -44,13 +44,18 @@ log = logging.getLogger("impala_rep.learner")
 
 __all__ = ["ENTROPY_RISE", "MAX_CAPTURES", "SpikeCapture", "read_capture"]
 
-# A step whose entropy is above every kept step's by this many nats, and by as much as the
-# highest of them (so, where that is positive, at least twice it), is a collapse. The policy's
-# entropy falls as it learns; late in a walker-walk hour it moves by a few tenths between
-# batches (0.5-0.9 nats for 6 actions of 11 bins), and the collapse raised it from 0.7 to 6.4.
-# Early on it moves more: at 4 minutes (sixty-third session) it went between 3.5 and 5.6 over 24
-# steps and then to 6.7, which a rise of 1 nat alone took for a collapse.
-ENTROPY_RISE = 1.0
+# A step whose entropy is above the kept steps' median by this many nats, and by as much as that
+# median (so, where it is positive, at least twice it), is a collapse. The policy's entropy falls
+# as it learns; late in a walker-walk hour it moves by a few tenths between batches (0.5-0.9
+# nats for 6 actions of 11 bins), and the collapse raised it from 0.7 to 6.4. Early on it moves
+# more: at 4 minutes (sixty-third session) it went between 3.5 and 5.6 over 24 steps and then to
+# 6.7, which a rise of 1 nat alone took for a collapse; and at 0.4-0.5M agent steps a 30-second
+# window's highest reached 2.4 over steps that ended it at 1.0. The median, not the highest:
+# the sixty-fourth session's collapse (30-second windows whose highest had been 1.2-2.4, then one
+# that ended at 8.4, and the greedy policy saved within it scored 35) made no capture under the
+# highest with a rise of 1 nat: so it rose over several steps, none past twice the highest before
+# it, which keeps the highest right behind the rise; the median of 16 to 32 steps does not follow.
+ENTROPY_RISE = 2.0
 # Captures written per learner process at most (each is about 2N batches on disk).
 MAX_CAPTURES = 3
 
@@ -113,28 +118,29 @@ class SpikeCapture:
         values = {k: float(np.asarray(v)) for k, v in metrics.items()}
         record = {"learner_step": learner_step, "train_seconds": seconds, "metrics": values}
         entropy = values.get("entropy_mean")
-        highest = max((r["metrics"].get("entropy_mean", -np.inf) for _, _, r in self._kept), default=None)
+        kept = [r["metrics"]["entropy_mean"] for _, _, r in self._kept if "entropy_mean" in r["metrics"]]
+        baseline = float(np.median(kept)) if kept else None
         self._kept.append((learner_step, tensors, record))
-        if (entropy is None or highest is None or not self.is_collapse(entropy, highest)
+        if (entropy is None or baseline is None or not self.is_collapse(entropy, baseline)
                 or learner_step <= self._quiet_until or len(self.captured) >= self.max_captures):
             return None
         try:
             path = self._write(learner_step + 1)
         except OSError as exc:
-            log.warning("the policy's entropy rose from %.3g to %.3g nats at learner step %d, but its capture could "
-                        "not be written (%s); training goes on.", highest, entropy, learner_step + 1, exc)
+            log.warning("the policy's entropy rose from a median of %.3g to %.3g nats at learner step %d, but its capture "
+                        "could not be written (%s); training goes on.", baseline, entropy, learner_step + 1, exc)
             return None
         finally:
             self._quiet_until = learner_step + self.history
         self.captured.append(path)
-        log.warning("the policy's entropy rose from at most %.3g to %.3g nats at learner step %d: the %d updates up "
-                    "to it and the state before them are in %s (replay them with python scripts/replay_capture.py "
-                    "%s)", highest, entropy, learner_step + 1, len(self._kept), path, path)
+        log.warning("the policy's entropy rose from a median of %.3g to %.3g nats at learner step %d: the %d updates "
+                    "up to it and the state before them are in %s (replay them with python "
+                    "scripts/replay_capture.py %s)", baseline, entropy, learner_step + 1, len(self._kept), path, path)
         return path
 
-    def is_collapse(self, entropy: float, highest: float) -> bool:
-        """Whether a step's ``entropy`` is a collapse after kept steps whose highest was ``highest``."""
-        return entropy > highest + max(self.rise, abs(highest))
+    def is_collapse(self, entropy: float, baseline: float) -> bool:
+        """Whether a step's ``entropy`` is a collapse after kept steps whose median was ``baseline``."""
+        return entropy > baseline + max(self.rise, abs(baseline))
 
     def _write(self, step: int) -> str:
         """Writes the oldest snapshot and every kept update to captures/step-<step>, atomically."""
