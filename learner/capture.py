@@ -205,13 +205,18 @@ def read_capture(path: str) -> Tuple[Dict[str, Any], List[Dict[str, np.ndarray]]
     return steps, batches
 
 
+# The loss settings a replay can change (RunConfig.loss keys, the learner's flags of those names).
+REPLAY_LOSS_KEYS = ("baseline_cost", "entropy_cost", "reward_scale")
+
+
 def layer_of(name: str) -> str:
     """The layer a parameter belongs to (``torso/pixels/conv_0/kernel`` -> ``torso/pixels/conv_0``)."""
     return name.rsplit("/", 1)[0]
 
 
 def replay_capture(path: str, learner: str = "cpu", learning_rate: Optional[float] = None,
-                   clip_norm: Optional[float] = None) -> Tuple[List[Dict[str, Any]], Dict[str, np.ndarray]]:
+                   clip_norm: Optional[float] = None, loss: Optional[Mapping[str, float]] = None,
+                   ) -> Tuple[List[Dict[str, Any]], Dict[str, np.ndarray]]:
     """Replays a capture's updates from its state: ``(rows, params)``, one row per update in
     order, and the network's parameters after the last.
 
@@ -221,9 +226,11 @@ def replay_capture(path: str, learner: str = "cpu", learning_rate: Optional[floa
     (``last_batch``: whether that batch's entropy comes from the updates before it, or from the
     batch, whose states the policy may be less sure of, whatever the updates), and for each
     layer the norm of the update's change to its parameters over their norm before it
-    (``update``). ``learning_rate`` and ``clip_norm`` replace the run's, to see whether the
-    collapse happens without its settings; the learning rate is the one before any annealing
-    (the run's seconds trained are replayed as they were)."""
+    (``update``). ``learning_rate`` and ``clip_norm`` replace the run's, and ``loss`` some of
+    its loss settings (``baseline_cost``, ``entropy_cost``, ``reward_scale``: the run's
+    ``--baseline-cost`` and so on), to see whether the collapse happens without its settings;
+    the learning rate is the one before any annealing (the run's seconds trained are replayed
+    as they were)."""
     import dataclasses
 
     import tensorflow as tf
@@ -247,7 +254,11 @@ def replay_capture(path: str, learner: str = "cpu", learning_rate: Optional[floa
         optimizer["learning_rate"] = float(learning_rate)
     if clip_norm is not None:
         optimizer["clip_norm"] = float(clip_norm)
-    config = dataclasses.replace(config, optimizer=optimizer, learner=learner,
+    unknown = sorted(set(loss or {}) - set(REPLAY_LOSS_KEYS))
+    if unknown:
+        raise ValueError(f"a replay can change the loss's {', '.join(REPLAY_LOSS_KEYS)}, not {', '.join(unknown)}.")
+    loss_settings = dict(config.loss, **{k: float(v) for k, v in (loss or {}).items()})
+    config = dataclasses.replace(config, optimizer=optimizer, loss=loss_settings, learner=learner,
                                  replicas=config.replicas if learner == "cpu" == config.learner else None)
     step = make_learner_step(config, env_spec, make_replicator(learner, num_replicas=config.replicas))
     prefix = os.path.join(path, steps["checkpoint"])

@@ -8,8 +8,10 @@ entropy, the value head's mean, the gradient norm (before clipping) and the base
 the run recorded them and as the replay computes them (they agree when the replay reproduces
 the run); the entropy and value mean of the capture's last batch on the state before the update
 (flat when that batch's entropy is the batch's own, rising when the updates raised it); and how
-far the update moved each layer (the norm of its change over the norm of its parameters before). ``--learning-rate`` and ``--clip-norm`` replay with other settings, to see
-whether the collapse still comes. See ``learner/capture.py``.
+far the update moved each layer (the norm of its change over the norm of its parameters before).
+``--learning-rate``, ``--clip-norm``, ``--baseline-cost``, ``--entropy-cost`` and
+``--reward-scale`` replay with other settings, to see whether the collapse still comes. See
+``learner/capture.py``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def main(argv=None) -> int:
     parser.add_argument("capture", help="a captures/step-S directory of a run")
     parser.add_argument("--learning-rate", type=float, default=None, help="replay with this learning rate")
     parser.add_argument("--clip-norm", type=float, default=None, help="replay with this gradient clip norm")
+    for name in ("baseline-cost", "entropy-cost", "reward-scale"):
+        parser.add_argument(f"--{name}", type=float, default=None, help=f"replay with this {name.replace('-', ' ')}")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.capture):
@@ -48,7 +52,9 @@ def main(argv=None) -> int:
     from learner.capture import replay_capture
 
     try:
-        rows, _ = replay_capture(args.capture, learning_rate=args.learning_rate, clip_norm=args.clip_norm)
+        loss = {k: getattr(args, k) for k in ("baseline_cost", "entropy_cost", "reward_scale")
+                if getattr(args, k) is not None}
+        rows, _ = replay_capture(args.capture, learning_rate=args.learning_rate, clip_norm=args.clip_norm, loss=loss)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from impala_rep.config import ConfigError, RunConfig
+from impala_rep.losses import LossConfig
 from learner.capture import SpikeCapture, layer_of, read_capture, replay_capture
 from learner.run import Trainer
 
@@ -71,13 +72,24 @@ def test_a_capture_replays_to_the_runs_own_metrics_and_parameters(tmp_path, catc
     assert all(v < 1e-6 for r in still for v in r["update"].values())
     assert all(v > 1e-4 for r in rows for v in r["update"].values())
     assert still[0]["replayed"]["entropy_mean"] == pytest.approx(rows[0]["replayed"]["entropy_mean"])
+    # Loss settings too: without the baseline's loss the first update's total loss is the rest.
+    no_baseline, _ = replay_capture(path, loss={"baseline_cost": 0.0})
+    first, other = rows[0]["replayed"], no_baseline[0]["replayed"]
+    assert other["entropy_mean"] == pytest.approx(first["entropy_mean"])  # the same state and batch
+    with open(os.path.join(path, "config.json")) as f:
+        baseline_cost = json.load(f)["loss"].get("baseline_cost", LossConfig().baseline_cost)
+    assert baseline_cost > 0
+    assert other["loss"] == pytest.approx(first["loss"] - baseline_cost * first["baseline_loss"], rel=1e-4, abs=1e-5)
+    assert other["loss"] != pytest.approx(first["loss"], rel=1e-3)
+    with pytest.raises(ValueError, match="not discount"):
+        replay_capture(path, loss={"discount": 0.9})
 
-    out = subprocess.run([sys.executable, "scripts/replay_capture.py", path, "--json"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "scripts/replay_capture.py", path, "--json", "--baseline-cost", "0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     cli_rows = json.loads(out.stdout)
     assert [r["replayed"]["grad_norm"] for r in cli_rows] == pytest.approx(
-        [r["replayed"]["grad_norm"] for r in rows], rel=1e-4)
+        [r["replayed"]["grad_norm"] for r in no_baseline], rel=1e-4)
 
 
 def test_a_capture_comes_only_when_the_entropy_rises_past_the_kept_steps_and_not_again_at_once(tmp_path):
