@@ -226,7 +226,10 @@ def replay_capture(path: str, learner: str = "cpu", learning_rate: Optional[floa
     (``last_batch``: whether that batch's entropy comes from the updates before it, or from the
     batch, whose states the policy may be less sure of, whatever the updates), and for each
     layer the norm of the update's change to its parameters over their norm before it
-    (``update``). ``learning_rate`` and ``clip_norm`` replace the run's, and ``loss`` some of
+    (``update``), and the mean change of its kernel's weights over their mean magnitude before
+    it (``shift``: positive when the update raised them all together, which scales up what the
+    layer passes on; in walker-walk captures this moved with the value head's error and the
+    policy's entropy against it, docs/RESULTS.md). ``learning_rate`` and ``clip_norm`` replace the run's, and ``loss`` some of
     its loss settings (``baseline_cost``, ``entropy_cost``, ``reward_scale``: the run's
     ``--baseline-cost`` and so on), to see whether the collapse happens without its settings;
     the learning rate is the one before any annealing (the run's seconds trained are replayed
@@ -285,18 +288,23 @@ def replay_capture(path: str, learner: str = "cpu", learning_rate: Optional[floa
         tf.io.gfile.rmtree(f"{scratch}/{record['learner_step']}")
         metrics, (_, params) = step.train_and_read(batch)
         after = {k: np.array(v, copy=True) for k, v in params.items()}
-        change: Dict[str, List[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+        change: Dict[str, List[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
         for name, value in before.items():
             sums = change[layer_of(name)]
-            sums[0] += float(np.sum(np.square(after[name].astype(np.float64) - value)))
+            delta = after[name].astype(np.float64) - value
+            sums[0] += float(np.sum(np.square(delta)))
             sums[1] += float(np.sum(np.square(value.astype(np.float64))))
+            if name.endswith("/kernel"):  # the kernel's shift, all its weights together
+                sums[2] += float(np.sum(delta))
+                sums[3] += float(np.sum(np.abs(value)))
         rows.append({
             "learner_step": record["learner_step"],
             "recorded": record["metrics"],
             "replayed": {k: float(np.asarray(v)) for k, v in metrics.items()},
             "last_batch": last_batch,
-            "update": {layer: float(np.sqrt(d / n)) if n > 0 else float(np.sqrt(d)) for layer, (d, n) in
+            "update": {layer: float(np.sqrt(d / n)) if n > 0 else float(np.sqrt(d)) for layer, (d, n, _, _) in
                        sorted(change.items())},
+            "shift": {layer: total / size for layer, (_, _, total, size) in sorted(change.items()) if size > 0},
         })
         before = after
     return rows, before

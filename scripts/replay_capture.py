@@ -8,7 +8,10 @@ entropy, the value head's mean, the gradient norm (before clipping) and the base
 the run recorded them and as the replay computes them (they agree when the replay reproduces
 the run); the entropy and value mean of the capture's last batch on the state before the update
 (flat when that batch's entropy is the batch's own, rising when the updates raised it); and how
-far the update moved each layer (the norm of its change over the norm of its parameters before).
+far the update moved each layer (the norm of its change over the norm of its parameters before)
+and how far it shifted each layer's kernel weights all together (their mean change over their
+mean magnitude before: the sign says whether the update scaled up or down what the layer passes
+on).
 ``--learning-rate``, ``--clip-norm``, ``--baseline-cost``, ``--entropy-cost`` and
 ``--reward-scale`` replay with other settings, to see whether the collapse still comes. See
 ``learner/capture.py``.
@@ -62,13 +65,15 @@ def main(argv=None) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     layers = list(rows[0]["update"]) if rows else []
+    kernels = list(rows[0]["shift"]) if rows else []
     print("step  " + "  ".join(f"{m} (run/replay)" for m in SHOWN) + "  |  last batch's entropy, value_mean"
-          "  |  update/norm: " + ", ".join(layers))
+          "  |  update/norm: " + ", ".join(layers) + "  |  kernel shift: " + ", ".join(kernels))
     for r in rows:
         pairs = "  ".join(f"{r['recorded'].get(m, float('nan')):.4g}/{r['replayed'].get(m, float('nan')):.4g}"
                           for m in SHOWN)
         last = " ".join(f"{r['last_batch'].get(m, float('nan')):.4g}" for m in ("entropy_mean", "value_mean"))
-        print(f"{r['learner_step']}  {pairs}  |  {last}  |  " + " ".join(f"{r['update'][k]:.2e}" for k in layers))
+        print(f"{r['learner_step']}  {pairs}  |  {last}  |  " + " ".join(f"{r['update'][k]:.2e}" for k in layers)
+              + "  |  " + " ".join(f"{r['shift'][k]:+.1e}" for k in kernels))
     return 0
 
 

@@ -60,6 +60,10 @@ def test_a_capture_replays_to_the_runs_own_metrics_and_parameters(tmp_path, catc
             assert row["replayed"][name] == pytest.approx(row["recorded"][name], rel=1e-4, abs=1e-6), name
         assert set(row["update"]) == {layer_of(name) for name in final}
         assert all(0 < v < 1 for v in row["update"].values())
+        assert set(row["shift"]) == {layer_of(name) for name in final if name.endswith("/kernel")}
+        # A shift is the kernel's mean change over its mean magnitude: at most its update's size
+        # times sqrt(n) |w| / sum(|w|) (Cauchy-Schwarz), about 1.25 for weights of a normal spread.
+        assert all(abs(row["shift"][k]) <= 3 * row["update"][k] for k in row["shift"])
     # The last batch's metrics on each state are its own on the last one (the step that made the
     # capture), and on the others the run's state then, not the run's metrics for it.
     assert rows[-1]["last_batch"]["entropy_mean"] == pytest.approx(rows[-1]["replayed"]["entropy_mean"], rel=1e-5)
@@ -70,6 +74,8 @@ def test_a_capture_replays_to_the_runs_own_metrics_and_parameters(tmp_path, catc
         np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
     still, _ = replay_capture(path, learning_rate=1e-12)  # the settings replace the run's
     assert all(v < 1e-6 for r in still for v in r["update"].values())
+    assert all(abs(v) < 1e-6 for r in still for v in r["shift"].values())
+    assert any(abs(v) > 1e-6 for r in rows for v in r["shift"].values())
     assert all(v > 1e-4 for r in rows for v in r["update"].values())
     assert still[0]["replayed"]["entropy_mean"] == pytest.approx(rows[0]["replayed"]["entropy_mean"])
     # Loss settings too: without the baseline's loss the first update's total loss is the rest.
