@@ -229,11 +229,11 @@ def replay_capture(path: str, learner: str = "cpu", learning_rate: Optional[floa
     (``update``), and the mean change of its kernel's weights over their mean magnitude before
     it (``shift``: positive when the update raised them all together, which scales up what the
     layer passes on; in walker-walk captures this moved with the value head's error and the
-    policy's entropy against it, docs/RESULTS.md). ``learning_rate`` and ``clip_norm`` replace the run's, and ``loss`` some of
-    its loss settings (``baseline_cost``, ``entropy_cost``, ``reward_scale``: the run's
-    ``--baseline-cost`` and so on), to see whether the collapse happens without its settings;
-    the learning rate is the one before any annealing (the run's seconds trained are replayed
-    as they were)."""
+    policy's entropy against it, docs/RESULTS.md). ``learning_rate`` and ``clip_norm``
+    replace the run's, and ``loss`` some of its loss settings (:data:`REPLAY_LOSS_KEYS`: the
+    run's ``--baseline-cost`` and so on), to see whether the collapse happens without its
+    settings; the learning rate is the one before any annealing (the run's seconds trained are
+    replayed as they were)."""
     import dataclasses
 
     import tensorflow as tf

@@ -11,8 +11,7 @@ the run); the entropy and value mean of the capture's last batch on the state be
 far the update moved each layer (the norm of its change over the norm of its parameters before)
 and how far it shifted each layer's kernel weights all together (their mean change over their
 mean magnitude before: the sign says whether the update scaled up or down what the layer passes
-on).
-``--learning-rate``, ``--clip-norm``, ``--baseline-cost``, ``--entropy-cost`` and
+on). ``--learning-rate``, ``--clip-norm``, ``--baseline-cost``, ``--entropy-cost`` and
 ``--reward-scale`` replay with other settings, to see whether the collapse still comes. See
 ``learner/capture.py``.
 """
@@ -26,6 +25,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from learner.capture import REPLAY_LOSS_KEYS  # noqa: E402 (no TensorFlow at import)
+
 SHOWN = ("entropy_mean", "value_mean", "grad_norm", "baseline_loss")
 
 
@@ -34,8 +35,9 @@ def main(argv=None) -> int:
     parser.add_argument("capture", help="a captures/step-S directory of a run")
     parser.add_argument("--learning-rate", type=float, default=None, help="replay with this learning rate")
     parser.add_argument("--clip-norm", type=float, default=None, help="replay with this gradient clip norm")
-    for name in ("baseline-cost", "entropy-cost", "reward-scale"):
-        parser.add_argument(f"--{name}", type=float, default=None, help=f"replay with this {name.replace('-', ' ')}")
+    for key in REPLAY_LOSS_KEYS:
+        parser.add_argument(f"--{key.replace('_', '-')}", type=float, default=None,
+                            help=f"replay with this {key.replace('_', ' ')}")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.capture):
@@ -55,8 +57,7 @@ def main(argv=None) -> int:
     from learner.capture import replay_capture
 
     try:
-        loss = {k: getattr(args, k) for k in ("baseline_cost", "entropy_cost", "reward_scale")
-                if getattr(args, k) is not None}
+        loss = {k: getattr(args, k) for k in REPLAY_LOSS_KEYS if getattr(args, k) is not None}
         rows, _ = replay_capture(args.capture, learning_rate=args.learning_rate, clip_norm=args.clip_norm, loss=loss)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
