@@ -25,7 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from learner.capture import REPLAY_LOSS_KEYS  # noqa: E402 (no TensorFlow at import)
+from learner.capture import REPLAY_LOSS_KEYS, replay_capture  # noqa: E402 (TensorFlow only when it replays)
 
 SHOWN = ("entropy_mean", "value_mean", "grad_norm", "baseline_loss")
 
@@ -54,7 +54,6 @@ def main(argv=None) -> int:
     except (OSError, ValueError, AttributeError):
         replicas = 1
     configure_threads(available_cores(), replicas)
-    from learner.capture import replay_capture
 
     try:
         loss = {k: getattr(args, k) for k in REPLAY_LOSS_KEYS if getattr(args, k) is not None}
