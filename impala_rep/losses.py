@@ -72,6 +72,11 @@ class LossConfig:
         actors stay in the env's own units.
       reward_clip: after scaling, rewards are clipped to [-reward_clip, reward_clip]
         (IMPALA's Atari setting is 1); None leaves them as they are.
+      baseline_torso_scale: the share in [0, 1] of the baseline loss's gradient that reaches
+        the layers the value head shares with the policy (the torsos and the LSTM); the value
+        head itself always gets all of it, and the forward pass is unchanged. 1 is IMPALA's
+        shared network. The loss does not apply it: the network does
+        (``TFNetwork(value_torso_scale=...)``, which ``LearnerStep.from_config`` passes on).
     """
 
     discount: float = 0.99
@@ -82,6 +87,7 @@ class LossConfig:
     lambda_: float = 1.0
     reward_scale: float = 1.0
     reward_clip: Optional[float] = None
+    baseline_torso_scale: float = 1.0
 
     def __post_init__(self):
         def number(name: str) -> float:
@@ -102,6 +108,8 @@ class LossConfig:
                 )
         if not 0.0 <= number("lambda_") <= 1.0:
             raise ValueError(f"LossConfig.lambda_ must lie in [0, 1], got {self.lambda_}.")
+        if not 0.0 <= number("baseline_torso_scale") <= 1.0:
+            raise ValueError(f"LossConfig.baseline_torso_scale must lie in [0, 1], got {self.baseline_torso_scale}.")
         if not number("reward_scale") > 0.0:
             raise ValueError(f"LossConfig.reward_scale must be positive, got {self.reward_scale}.")
         if self.reward_clip is not None and not number("reward_clip") > 0.0:

@@ -350,6 +350,14 @@ class LearnerStep:
 
         with replicator.scope():
             self.network = make_network()
+            torso_scale = getattr(loss_config, "baseline_torso_scale", 1.0)
+            if getattr(self.network, "value_torso_scale", 1.0) != torso_scale:
+                raise ValueError(
+                    f"loss_config.baseline_torso_scale is {torso_scale}, but the network applies "
+                    f"{getattr(self.network, 'value_torso_scale', 1.0)}: the network scales the value head's gradient "
+                    "into its shared layers, so build it with the same value_torso_scale (TFNetwork's), or leave "
+                    "baseline_torso_scale at 1 for a network without one."
+                )
             variables = list(self.network.trainable_variables)
             if not variables:
                 raise ValueError(
@@ -423,8 +431,11 @@ class LearnerStep:
             raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {compute_dtype!r}.")
         policy = make_policy(env_action_spec, network_config)
 
+        torso_scale = getattr(loss_config, "baseline_torso_scale", 1.0)
+
         def make_network():
-            return TFNetwork(network_config, observation_specs, env_action_spec, compute_dtype=compute_dtype)
+            return TFNetwork(network_config, observation_specs, env_action_spec, compute_dtype=compute_dtype,
+                             value_torso_scale=torso_scale)
 
         core_state = None
         lstm = getattr(network_config, "lstm_size", None)

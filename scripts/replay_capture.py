@@ -11,8 +11,8 @@ the run); the entropy and value mean of the capture's last batch on the state be
 far the update moved each layer (the norm of its change over the norm of its parameters before)
 and how far it shifted each layer's kernel weights all together (their mean change over their
 mean magnitude before: the sign says whether the update scaled up or down what the layer passes
-on). ``--learning-rate``, ``--clip-norm``, ``--baseline-cost``, ``--entropy-cost`` and
-``--reward-scale`` replay with other settings, to see whether the collapse still comes. See
+on). ``--learning-rate``, ``--clip-norm``, ``--baseline-cost``, ``--entropy-cost``,
+``--reward-scale`` and ``--baseline-torso-scale`` replay with other settings, to see whether the collapse still comes. See
 ``learner/capture.py``.
 """
 

@@ -52,6 +52,10 @@ class TFNetwork(tf.Module):
       action_spec: the env's action spec (the policy is ``make_policy(action_spec, config)``).
       compute_dtype: ``"float32"`` (default) or ``"bfloat16"``, the dtype the torsos compute
         in (see the module docstring); the variables are float32 either way.
+      value_torso_scale: the share in [0, 1] of the value head's gradient that flows on into
+        the layers it shares with the policy heads (``LossConfig.baseline_torso_scale``); the
+        value head's own gradient and every output are unchanged. 1 (default) is IMPALA's
+        shared network, 0 trains the shared layers on the policy's loss alone.
 
     Usage in a learner::
 
@@ -61,10 +65,14 @@ class TFNetwork(tf.Module):
     """
 
     def __init__(self, config: NetworkConfig, obs_specs: Mapping[str, Any], action_spec: Any, name: str = "agent",
-                 compute_dtype: str = "float32"):
+                 compute_dtype: str = "float32", value_torso_scale: float = 1.0):
         super().__init__(name=name)
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {compute_dtype!r}.")
+        if (isinstance(value_torso_scale, bool) or not isinstance(value_torso_scale, (int, float))
+                or not 0.0 <= value_torso_scale <= 1.0):
+            raise ValueError(f"value_torso_scale must be a number in [0, 1], got {value_torso_scale!r}.")
+        self.value_torso_scale = float(value_torso_scale)
         self.compute_dtype = tf.as_dtype(compute_dtype)
         self.config = config
         self.policy = make_policy(action_spec, config)
@@ -347,8 +355,17 @@ class TFNetwork(tf.Module):
             out = self._policy_heads[pname](flat)
             raw[pname] = tf.reshape(out, tf.concat([lead, list(shape)], axis=0))
         policy_params = self.policy.params_from_head_tf(raw)
-        values = tf.reshape(self._value_head(flat), lead)
+        values = tf.reshape(self._value_head(self._value_input(flat)), lead)
         return policy_params, values
+
+    def _value_input(self, flat: tf.Tensor) -> tf.Tensor:
+        """The shared features as the value head sees them: the same values, with the
+        gradient that flows back through them scaled by ``value_torso_scale``."""
+        k = self.value_torso_scale
+        if k == 1.0:
+            return flat
+        held = tf.stop_gradient(flat)
+        return held if k == 0.0 else held + k * (flat - held)
 
 
 def stack_sources(first: Any, k: int) -> tf.Tensor:

@@ -87,6 +87,10 @@ def test_a_capture_replays_to_the_runs_own_metrics_and_parameters(tmp_path, catc
     assert baseline_cost > 0
     assert other["loss"] == pytest.approx(first["loss"] - baseline_cost * first["baseline_loss"], rel=1e-4, abs=1e-5)
     assert other["loss"] != pytest.approx(first["loss"], rel=1e-3)
+    # The baseline's gradient kept out of the shared layers: the same loss, another update.
+    unshared, _ = replay_capture(path, loss={"baseline_torso_scale": 0.0})
+    assert unshared[0]["replayed"]["loss"] == pytest.approx(first["loss"], rel=1e-5)
+    assert unshared[0]["replayed"]["grad_norm"] != pytest.approx(first["grad_norm"], rel=1e-3)
     with pytest.raises(ValueError, match="not discount"):
         replay_capture(path, loss={"discount": 0.9})
 

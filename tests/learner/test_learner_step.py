@@ -270,6 +270,21 @@ def test_bad_batches_and_configs_are_sentences(batches):
         make_batch_spec({}, tiny_policy().action_spec, T, 0)
 
 
+def test_baseline_torso_scale_reaches_the_network_and_a_network_without_it_is_a_sentence():
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.specs import ArraySpec
+
+    obs = {"position": ArraySpec("position", (3,), "float32")}
+    action = ArraySpec("action", (2,), "float32", minimum=-1.0, maximum=1.0)
+    learner = LearnerStep.from_config(make_replicator("cpu", num_replicas=1), NetworkConfig(torso="mlp", mlp_sizes=(8,)),
+                                      obs, action, T, B, loss_config=LossConfig(baseline_torso_scale=0.25))
+    assert learner.network.value_torso_scale == 0.25
+    with pytest.raises(ValueError, match="loss_config.baseline_torso_scale is 0.5, but the network applies 1.0"):
+        _tiny_learner(1, loss_config=LossConfig(baseline_torso_scale=0.5))
+    assert _tiny_learner(1, loss_config=LossConfig()).network is not None
+
+
+
 # -- the real network ----------------------------------------------------------------------
 
 

@@ -98,6 +98,8 @@ def test_loss_config_defaults_follow_design():
         ({"entropy_cost": float("nan")}, TypeError),
         ({"reward_scale": 0.0}, ValueError),
         ({"reward_clip": -1.0}, ValueError),
+        ({"baseline_torso_scale": 1.5}, ValueError),
+        ({"baseline_torso_scale": -0.5}, ValueError),
     ],
 )
 def test_loss_config_validation(kwargs, error):

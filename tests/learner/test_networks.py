@@ -240,6 +240,47 @@ def test_gradients_reach_every_trainable_variable(torso, lstm, kind):
     assert not missing, f"no gradient reaches {missing}"
 
 
+@pytest.mark.parametrize("torso, lstm", [("shallow", None), ("mlp", 8)])
+def test_value_torso_scale_scales_only_the_value_gradient_into_the_shared_layers(torso, lstm):
+    config = small_config(torso=torso, lstm=lstm, kind="gaussian")
+    nets = {k: TFNetwork(config, OBS, ACTIONS["gaussian"], value_torso_scale=k) for k in (1.0, 0.25, 0.0)}
+    for net in nets.values():
+        for name, var in net.named_variables.items():
+            var.assign(nets[1.0].named_variables[name])
+    obs = random_obs(OBS, (3, 2), seed=11)
+    first = np.array([[True, False], [False, False], [False, True]])
+    weights = tf.constant(np.random.default_rng(12).normal(size=(3, 2)).astype(np.float32))
+
+    def grads(net, of):
+        with tf.GradientTape() as tape:
+            params, values = net.unroll(obs, first, net.initial_state(2))
+            target = tf.reduce_sum(weights * values) if of == "value" else tf.reduce_sum(params["mean"])
+        g = tape.gradient(target, list(net.named_variables.values()))
+        return params, values, {n: (np.zeros(v.shape) if x is None else x.numpy())
+                                for (n, v), x in zip(net.named_variables.items(), g)}
+
+    params_1, values_1, value_1 = grads(nets[1.0], "value")
+    shared = [n for n in value_1 if not n.startswith(("value/", "policy/"))]
+    assert shared and all(np.any(value_1[n] != 0) for n in shared)
+    for k in (0.25, 0.0):
+        params_k, values_k, value_k = grads(nets[k], "value")
+        # The same outputs, bit for bit: only the backward pass differs.
+        np.testing.assert_array_equal(values_k.numpy(), values_1.numpy())
+        for name in params_1:
+            np.testing.assert_array_equal(params_k[name].numpy(), params_1[name].numpy())
+        for name in ("value/kernel", "value/bias"):  # the value head learns as fast as before
+            np.testing.assert_allclose(value_k[name], value_1[name], rtol=1e-6)
+        for name in shared:
+            np.testing.assert_allclose(value_k[name], k * value_1[name], rtol=1e-5, atol=1e-7, err_msg=name)
+        # The policy's gradient is untouched.
+        policy_1, policy_k = grads(nets[1.0], "policy")[2], grads(nets[k], "policy")[2]
+        for name in policy_1:
+            np.testing.assert_allclose(policy_k[name], policy_1[name], rtol=1e-6, err_msg=name)
+    for bad in (1.5, -0.1, True, "0.5"):
+        with pytest.raises(ValueError, match="value_torso_scale must be a number in \\[0, 1\\]"):
+            TFNetwork(config, OBS, ACTIONS["gaussian"], value_torso_scale=bad)
+
+
 def test_unroll_under_xla_matches_eager():
     config = small_config(torso="shallow", lstm=8, kind="gaussian")
     net = TFNetwork(config, OBS, ACTIONS["gaussian"])
