@@ -351,10 +351,11 @@ class LearnerStep:
         with replicator.scope():
             self.network = make_network()
             torso_scale = getattr(loss_config, "baseline_torso_scale", 1.0)
-            if getattr(self.network, "value_torso_scale", 1.0) != torso_scale:
+            applied = getattr(self.network, "value_torso_scale", 1.0)
+            if applied != torso_scale:
                 raise ValueError(
                     f"loss_config.baseline_torso_scale is {torso_scale}, but the network applies "
-                    f"{getattr(self.network, 'value_torso_scale', 1.0)}: the network scales the value head's gradient "
+                    f"{applied}: the network scales the value head's gradient "
                     "into its shared layers, so build it with the same value_torso_scale (TFNetwork's), or leave "
                     "baseline_torso_scale at 1 for a network without one."
                 )

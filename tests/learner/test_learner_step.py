@@ -284,7 +284,6 @@ def test_baseline_torso_scale_reaches_the_network_and_a_network_without_it_is_a_
     assert _tiny_learner(1, loss_config=LossConfig()).network is not None
 
 
-
 # -- the real network ----------------------------------------------------------------------
 
 

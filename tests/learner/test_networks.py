@@ -262,6 +262,7 @@ def test_value_torso_scale_scales_only_the_value_gradient_into_the_shared_layers
     params_1, values_1, value_1 = grads(nets[1.0], "value")
     shared = [n for n in value_1 if not n.startswith(("value/", "policy/"))]
     assert shared and all(np.any(value_1[n] != 0) for n in shared)
+    policy_1 = grads(nets[1.0], "policy")[2]
     for k in (0.25, 0.0):
         params_k, values_k, value_k = grads(nets[k], "value")
         # The same outputs, bit for bit: only the backward pass differs.
@@ -273,7 +274,7 @@ def test_value_torso_scale_scales_only_the_value_gradient_into_the_shared_layers
         for name in shared:
             np.testing.assert_allclose(value_k[name], k * value_1[name], rtol=1e-5, atol=1e-7, err_msg=name)
         # The policy's gradient is untouched.
-        policy_1, policy_k = grads(nets[1.0], "policy")[2], grads(nets[k], "policy")[2]
+        policy_k = grads(nets[k], "policy")[2]
         for name in policy_1:
             np.testing.assert_allclose(policy_k[name], policy_1[name], rtol=1e-6, err_msg=name)
     for bad in (1.5, -0.1, True, "0.5"):
