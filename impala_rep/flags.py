@@ -231,6 +231,10 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--baseline-torso-scale", type=_float_in("a share from 0 to 1", 0.0, 1.0), default=1.0,
                    help="share of the baseline loss's gradient that reaches the torso the value head shares with "
                         "the policy (the value head gets all of it; 1 = IMPALA's shared network)")
+    g.add_argument("--popart", type=_float_in("a step size from 0 to 1", 0.0, 1.0), default=0.0,
+                   metavar="STEP_SIZE",
+                   help="PopArt: learn the value on the scale of running statistics of its targets, moved with this "
+                        "step size (e.g. 3e-4), keeping the values as they were; 0 (default) for none")
     g.add_argument("--reward-scale", type=positive_float, default=None,
                    help="multiply rewards in the loss (default: 1/action-repeat for dmc/ ids, whose repeated "
                         "rewards are summed, else 1)")
@@ -390,7 +394,8 @@ CONFIG_NOT_CARRIED = ("logdir", "resume", "bind", "port", "token", "tls_cert", "
 # The keys of config.json's nested settings (config_from_args writes them).
 _CONFIG_NESTED = {
     "network": ("torso", "policy", "bins", "lstm_size"),
-    "loss": ("discount", "entropy_cost", "baseline_cost", "reward_scale", "reward_clip", "baseline_torso_scale"),
+    "loss": ("discount", "entropy_cost", "baseline_cost", "reward_scale", "reward_clip", "baseline_torso_scale",
+             "popart"),
     "optimizer": ("learning_rate", "clip_norm", "anneal_steps", "anneal_seconds", "warmup_steps"),
 }
 # Settings carried as the flag of the same name (underscores as dashes), and renamed ones.
@@ -407,6 +412,7 @@ _CONFIG_NESTED_FLAGS = {
     ("network", "lstm_size"): "--lstm-size", ("loss", "discount"): "--discount",
     ("loss", "entropy_cost"): "--entropy-cost", ("loss", "baseline_cost"): "--baseline-cost",
     ("loss", "reward_clip"): "--reward-clip", ("loss", "baseline_torso_scale"): "--baseline-torso-scale",
+    ("loss", "popart"): "--popart",
     ("optimizer", "learning_rate"): "--learning-rate",
     ("optimizer", "clip_norm"): "--clip-norm",
 }
@@ -646,6 +652,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         loss["reward_clip"] = args.reward_clip
     if args.baseline_torso_scale != 1.0:  # runs at IMPALA's shared network keep their config.json as it was
         loss["baseline_torso_scale"] = args.baseline_torso_scale
+    if args.popart:
+        loss["popart"] = args.popart
     optimizer: Dict[str, Any] = {"learning_rate": args.learning_rate, "clip_norm": args.clip_norm}
     updates = _learner_updates(args.total_steps, args.unroll_length, args.batch_size, args.replay_ratio)
     time_budget = getattr(args, "time_budget", None)

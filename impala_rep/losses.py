@@ -77,6 +77,14 @@ class LossConfig:
         head itself always gets all of it, and the forward pass is unchanged. 1 is IMPALA's
         shared network. The loss does not apply it: the network does
         (``TFNetwork(value_torso_scale=...)``, which ``LearnerStep.from_config`` passes on).
+      popart: PopArt's step size in [0, 1] for the running statistics (mu, sigma) of the value
+        targets, or 0 (default) for none. With it the network returns ``sigma * n + mu`` from
+        a normalised value head ``n`` (``TFNetwork(popart=True)``), the baseline loss is on
+        the normalised scale, ``0.5 * ((v_s - V) / sigma)^2``, and the learner step moves the
+        statistics after each update, rescaling the head so its values stay as they were
+        (``TFNetwork.update_value_stats``). The policy-gradient advantages stay in reward
+        units (PopArt-IMPALA divides them by sigma as well, which would raise the entropy
+        cost's relative weight by sigma).
     """
 
     discount: float = 0.99
@@ -88,6 +96,7 @@ class LossConfig:
     reward_scale: float = 1.0
     reward_clip: Optional[float] = None
     baseline_torso_scale: float = 1.0
+    popart: float = 0.0
 
     def __post_init__(self):
         def number(name: str) -> float:
@@ -110,6 +119,8 @@ class LossConfig:
             raise ValueError(f"LossConfig.lambda_ must lie in [0, 1], got {self.lambda_}.")
         if not 0.0 <= number("baseline_torso_scale") <= 1.0:
             raise ValueError(f"LossConfig.baseline_torso_scale must lie in [0, 1], got {self.baseline_torso_scale}.")
+        if not 0.0 <= number("popart") <= 1.0:
+            raise ValueError(f"LossConfig.popart must lie in [0, 1] (a step size; 0 for none), got {self.popart}.")
         if not number("reward_scale") > 0.0:
             raise ValueError(f"LossConfig.reward_scale must be positive, got {self.reward_scale}.")
         if self.reward_clip is not None and not number("reward_clip") > 0.0:
@@ -126,6 +137,7 @@ def impala_loss(
     values: Any,
     batch: Mapping[str, Any],
     config: LossConfig,
+    value_scale: Any = None,
 ) -> Tuple[Any, Dict[str, Any]]:
     """The IMPALA loss of one (replica's) batch.
 
@@ -139,6 +151,9 @@ def impala_loss(
       batch: ``action`` [T+1, B, *action_shape], ``reward`` [T+1, B], ``discount``
         [T+1, B], ``step_type`` [T+1, B] (uint8/int), ``behaviour_log_prob`` [T+1, B].
       config: a :class:`LossConfig`.
+      value_scale: with ``config.popart``, PopArt's sigma (a scalar): the baseline loss is
+        ``0.5 * sum mask * ((v_s - V) / sigma)^2``, and the metrics include ``vs_square_sum``
+        for the statistics' update. Required then, and unused otherwise.
 
     Returns:
       ``(loss, metrics)``: the scalar float32 loss and a dict of float32 scalars. Metrics
@@ -151,11 +166,17 @@ def impala_loss(
     """
     import tensorflow as tf
 
+    if config.popart and value_scale is None:
+        raise ValueError("LossConfig.popart is set, so impala_loss needs value_scale (the network's sigma, "
+                         "TFNetwork.value_stats()).")
     terms = loss_terms(policy, policy_params, values, batch, config)
     with tf.name_scope("impala_loss"):
         mask = terms.mask
         pg_loss = -tf.reduce_sum(mask * terms.pg_advantages * terms.target_log_prob)
-        baseline_loss = 0.5 * tf.reduce_sum(mask * tf.square(terms.vs - terms.values))
+        errors = terms.vs - terms.values
+        if config.popart:
+            errors = errors / tf.stop_gradient(tf.cast(value_scale, tf.float32))
+        baseline_loss = 0.5 * tf.reduce_sum(mask * tf.square(errors))
         entropy_loss = -tf.reduce_sum(mask * terms.entropy)
         loss = pg_loss + config.baseline_cost * baseline_loss + config.entropy_cost * entropy_loss
 
@@ -181,6 +202,8 @@ def impala_loss(
             "vs_sum": tf.reduce_sum(mask * terms.vs),
             "pg_advantage_sum": tf.reduce_sum(mask * terms.pg_advantages),
         }
+        if config.popart:
+            metrics["vs_square_sum"] = tf.reduce_sum(mask * tf.square(terms.vs))
         return loss, metrics
 
 

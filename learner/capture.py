@@ -206,7 +206,7 @@ def read_capture(path: str) -> Tuple[Dict[str, Any], List[Dict[str, np.ndarray]]
 
 
 # The loss settings a replay can change (RunConfig.loss keys, the learner's flags of those names).
-REPLAY_LOSS_KEYS = ("baseline_cost", "entropy_cost", "reward_scale", "baseline_torso_scale")
+REPLAY_LOSS_KEYS = ("baseline_cost", "entropy_cost", "reward_scale", "baseline_torso_scale", "popart")
 
 
 def layer_of(name: str) -> str:

@@ -29,6 +29,8 @@ class ExportError(ValueError):
 # The run directory's folder of checkpoint exports (TensorFlow-free to import, as this module is:
 # impala_rep.evaluate finds them by it).
 EXPORTS = "exports"
+# Where a checkpoint of a --popart run holds the value targets' mean (TFNetwork's statistics).
+POPART_STATS_KEY = "network/_value_stats/mean/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def checkpoint_export_dir(run_dir: str, step: int) -> str:
@@ -82,11 +84,14 @@ def export_checkpoint(run_dir: str, step: Optional[int] = None, out: Optional[st
     except PolicyLoadError as exc:
         raise ExportError(f"the run's exported policy describes the network to read the checkpoint into, and it "
                           f"cannot be loaded: {exc}") from None
-    network = TFNetwork(NetworkConfig(**newest.metadata["network"]),
-                        stacked_observation_specs(newest.env_spec.observations, newest.frame_stack),
-                        newest.env_spec.action)
     status = None
     try:
+        # A run with --popart keeps the value statistics beside the network; they fold into
+        # the value head the policy exports (TFNetwork.param_tensors).
+        popart = tf.train.load_checkpoint(path).has_tensor(POPART_STATS_KEY)
+        network = TFNetwork(NetworkConfig(**newest.metadata["network"]),
+                            stacked_observation_specs(newest.env_spec.observations, newest.frame_stack),
+                            newest.env_spec.action, popart=popart)
         status = tf.train.Checkpoint(network=network).restore(path)
         status.assert_existing_objects_matched()
         reader = tf.train.load_checkpoint(path)
@@ -99,7 +104,7 @@ def export_checkpoint(run_dir: str, step: Optional[int] = None, out: Optional[st
     finally:
         if status is not None:
             status.expect_partial()  # the optimizer's state and counters are not the network's
-    params = {name: variable.numpy() for name, variable in network.named_variables.items()}
+    params = network.get_params()
     bad = sorted(name for name, value in params.items() if not np.all(np.isfinite(value)))
     if bad:
         raise ExportError(f"{path} holds NaN or infinite parameters (in {', '.join(bad[:3])}): the run had diverged "

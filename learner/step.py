@@ -278,11 +278,13 @@ def make_batch_spec(
     return spec
 
 
-def _impala_loss_fn(loss_config) -> LossFn:
+def _impala_loss_fn(loss_config, value_scale: Optional[Callable[[], Any]] = None) -> LossFn:
+    """The default loss; ``value_scale`` returns PopArt's sigma (``LossConfig.popart``)."""
     from impala_rep.losses import impala_loss
 
     def loss_fn(policy, policy_params, values, batch):
-        return impala_loss(policy, policy_params, values, batch, loss_config)
+        scale = value_scale() if value_scale is not None else None
+        return impala_loss(policy, policy_params, values, batch, loss_config, value_scale=scale)
 
     return loss_fn
 
@@ -328,10 +330,14 @@ class LearnerStep:
             raise TypeError(f"optimizer_config must be an OptimizerConfig, got {type(optimizer_config).__name__}.")
         if loss_fn is not None and loss_config is not None:
             raise ValueError("give loss_fn or loss_config, not both (loss_config configures the default IMPALA loss).")
+        # PopArt's step size (0: none): the network keeps the value statistics, and _train
+        # moves them after each update.
+        self._popart = float(getattr(loss_config, "popart", 0.0) or 0.0)
         if loss_fn is None:
             from impala_rep.losses import LossConfig
 
-            loss_fn = _impala_loss_fn(loss_config if loss_config is not None else LossConfig())
+            loss_fn = _impala_loss_fn(loss_config if loss_config is not None else LossConfig(),
+                                      (lambda: self.network.value_stats()[1]) if self._popart else None)
         self._check_batch_spec(batch_spec, replicator.num_replicas, getattr(replicator, "kind", None))
 
         self.replicator = replicator
@@ -358,6 +364,13 @@ class LearnerStep:
                     f"{applied}: the network scales the value head's gradient "
                     "into its shared layers, so build it with the same value_torso_scale (TFNetwork's), or leave "
                     "baseline_torso_scale at 1 for a network without one."
+                )
+            if bool(self._popart) != bool(getattr(self.network, "popart", False)):
+                raise ValueError(
+                    f"loss_config.popart is {self._popart}, but the network was built "
+                    f"{'without' if self._popart else 'with'} popart: PopArt needs both, a network that keeps "
+                    "the value statistics (TFNetwork(popart=True)) and a loss that normalises the baseline "
+                    "(LossConfig(popart=step size)); build them together, or neither."
                 )
             variables = list(self.network.trainable_variables)
             if not variables:
@@ -388,6 +401,9 @@ class LearnerStep:
             named = dict(named) if named is not None else {v.name: v for v in variables}
             self._param_reads = list(named.values()) + [self.optimizer.iterations]
             self._params_reader = (list(named), tf.function(self._read_params, autograph=False))
+            # A network that exports its parameters other than as its variables (TFNetwork's
+            # param_tensors: PopArt's statistics folded into the value head) is read that way.
+            self._param_tensors = getattr(self.network, "param_tensors", None)
         signature = {
             key: tf.TensorSpec(spec.shape, tf.as_dtype(spec.dtype), name=key.replace("/", "_"))
             for key, spec in self.batch_spec.items()
@@ -433,10 +449,11 @@ class LearnerStep:
         policy = make_policy(env_action_spec, network_config)
 
         torso_scale = getattr(loss_config, "baseline_torso_scale", 1.0)
+        popart = bool(getattr(loss_config, "popart", 0.0))
 
         def make_network():
             return TFNetwork(network_config, observation_specs, env_action_spec, compute_dtype=compute_dtype,
-                             value_torso_scale=torso_scale)
+                             value_torso_scale=torso_scale, popart=popart)
 
         core_state = None
         lstm = getattr(network_config, "lstm_size", None)
@@ -519,12 +536,20 @@ class LearnerStep:
             for key in list(metrics):
                 if key.endswith("_sum"):
                     metrics[key[: -len("_sum")] + "_mean"] = metrics[key] / count
+        if self._popart:  # after the update (the variables' reads and writes keep program order)
+            count = tf.maximum(metrics["num_transitions"], 1.0)
+            mu, sigma = self.network.update_value_stats(metrics["vs_sum"] / count, metrics["vs_square_sum"] / count,
+                                                        self._popart)
+            metrics["popart_mu"], metrics["popart_sigma"] = mu, sigma
         metrics["step"] = tf.cast(self.optimizer.iterations, tf.float32)
         return metrics
 
     def _read_params(self):
         import tensorflow as tf
 
+        if self._param_tensors is not None:
+            tensors = self._param_tensors()
+            return [tensors[name] for name in self._params_reader[0]] + [tf.identity(self.optimizer.iterations)]
         return [tf.identity(v) for v in self._param_reads]
 
     def _train_and_read(self, batch):

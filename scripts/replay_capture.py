@@ -12,8 +12,9 @@ far the update moved each layer (the norm of its change over the norm of its par
 and how far it shifted each layer's kernel weights all together (their mean change over their
 mean magnitude before: the sign says whether the update scaled up or down what the layer passes
 on). ``--learning-rate``, ``--clip-norm``, ``--baseline-cost``, ``--entropy-cost``,
-``--reward-scale`` and ``--baseline-torso-scale`` replay with other settings, to see whether the
-collapse still comes. See ``learner/capture.py``.
+``--reward-scale``, ``--baseline-torso-scale`` and ``--popart`` replay with other settings, to see
+whether the collapse still comes (PopArt's statistics, when the run had none, start from the
+first replayed batch's value targets). See ``learner/capture.py``.
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ _layers = tf_keras.layers
 # The dtypes the torsos may compute in (``TFNetwork(compute_dtype=...)``): the run's
 # ``--learner-precision`` choices.
 COMPUTE_DTYPES = LEARNER_PRECISIONS
+# PopArt's bounds on sigma (van Hasselt et al. 2016's).
+POPART_SIGMA_RANGE = (1e-4, 1e6)
 
 
 class TFNetwork(tf.Module):
@@ -56,6 +58,13 @@ class TFNetwork(tf.Module):
         the layers it shares with the policy heads (``LossConfig.baseline_torso_scale``); the
         value head's own gradient and every output are unchanged. 1 (default) is IMPALA's
         shared network, 0 trains the shared layers on the policy's loss alone.
+      popart: PopArt (van Hasselt et al. 2016; Hessel et al. 2019): the value head outputs a
+        normalised value ``n`` and the network returns ``sigma * n + mu``, with ``mu`` and
+        ``sigma`` running statistics of the value targets (:meth:`update_value_stats`, which
+        also rescales the head so that the values it returns are unchanged). The statistics
+        are variables of this module (checkpointed with it, not trained); the parameters it
+        exports (``get_params``, ``param_tensors``) fold them into ``value/kernel`` and
+        ``value/bias``, so the NumPy backend computes the same values without them.
 
     Usage in a learner::
 
@@ -65,7 +74,7 @@ class TFNetwork(tf.Module):
     """
 
     def __init__(self, config: NetworkConfig, obs_specs: Mapping[str, Any], action_spec: Any, name: str = "agent",
-                 compute_dtype: str = "float32", value_torso_scale: float = 1.0):
+                 compute_dtype: str = "float32", value_torso_scale: float = 1.0, popart: bool = False):
         super().__init__(name=name)
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {compute_dtype!r}.")
@@ -73,6 +82,9 @@ class TFNetwork(tf.Module):
                 or not 0.0 <= value_torso_scale <= 1.0):
             raise ValueError(f"value_torso_scale must be a number in [0, 1], got {value_torso_scale!r}.")
         self.value_torso_scale = float(value_torso_scale)
+        if not isinstance(popart, bool):
+            raise TypeError(f"popart must be True or False, got {popart!r}.")
+        self.popart = popart
         self.compute_dtype = tf.as_dtype(compute_dtype)
         self.config = config
         self.policy = make_policy(action_spec, config)
@@ -92,6 +104,13 @@ class TFNetwork(tf.Module):
         for pname, shape in self.plan.head_shapes.items():
             self._policy_heads[pname] = self._dense(f"policy/{pname}", self.plan.head_input_size, int(math.prod(shape)))
         self._value_head = self._dense("value", self.plan.head_input_size, 1)
+        if popart:
+            # The targets' mean, their mean square and how many batches those average (0: none
+            # yet, which gives mu 0 and sigma 1, the plain value head).
+            self._value_stats = {
+                name: tf.Variable(init, dtype=tf.float32, trainable=False, name=f"popart_{name}")
+                for name, init in (("mean", 0.0), ("mean_square", 1.0), ("updates", 0.0))
+            }
         if set(self._named) != set(self.plan.param_shapes):
             raise RuntimeError("TFNetwork: built variables do not match the network plan (a bug).")
         for pname, shape in self.plan.param_shapes.items():
@@ -161,15 +180,67 @@ class TFNetwork(tf.Module):
     def variables(self):
         return self.trainable_variables
 
+    def param_tensors(self) -> Dict[str, tf.Tensor]:
+        """``{name: tensor}``: the parameters as the NumPy backend takes them. The variables,
+        except that with ``popart`` the value head's carry the statistics (``sigma * kernel``
+        and ``sigma * bias + mu``), so that it outputs the value itself."""
+        params = {name: tf.identity(v) for name, v in self.named_variables.items()}
+        if self.popart:
+            mu, sigma = self.value_stats()
+            params["value/kernel"] = params["value/kernel"] * sigma
+            params["value/bias"] = params["value/bias"] * sigma + mu
+        return params
+
     def get_params(self) -> Dict[str, np.ndarray]:
-        """The parameters as ``{name: float32 ndarray}`` (the NumPy backend's names)."""
-        return {name: np.asarray(v.numpy(), dtype=np.float32) for name, v in self.named_variables.items()}
+        """The parameters as ``{name: float32 ndarray}`` (the NumPy backend's names; :meth:`param_tensors`)."""
+        return {name: np.asarray(v.numpy(), dtype=np.float32) for name, v in self.param_tensors().items()}
 
     def set_params(self, params: Mapping[str, Any]) -> None:
-        """Assigns every parameter; raises ``ValueError`` on missing, extra or misshapen ones."""
-        checked = self.plan.check_params(params)
+        """Assigns every parameter (as :meth:`get_params` gives them; with ``popart``, the value
+        head's are divided back out by the current statistics); raises ``ValueError`` on
+        missing, extra or misshapen ones."""
+        checked = dict(self.plan.check_params(params))
+        if self.popart:
+            mu, sigma = (float(x) for x in self.value_stats())
+            checked["value/kernel"] = np.asarray(checked["value/kernel"], np.float32) / sigma
+            checked["value/bias"] = (np.asarray(checked["value/bias"], np.float32) - mu) / sigma
         for name, var in self.named_variables.items():
             var.assign(checked[name])
+
+    # -- PopArt --
+    def value_stats(self) -> Tuple[tf.Tensor, tf.Tensor]:
+        """``(mu, sigma)``: the value targets' running mean and standard deviation (``popart``)."""
+        if not self.popart:
+            raise ValueError("this network was built without popart, so it keeps no value statistics.")
+        stats = self._value_stats
+        mu = tf.identity(stats["mean"])
+        variance = tf.maximum(stats["mean_square"] - tf.square(mu), 0.0)
+        return mu, tf.clip_by_value(tf.sqrt(variance), POPART_SIGMA_RANGE[0], POPART_SIGMA_RANGE[1])
+
+    def update_value_stats(self, mean: Any, mean_square: Any, step_size: float) -> Tuple[tf.Tensor, tf.Tensor]:
+        """Moves the statistics towards a batch of value targets and rescales the value head
+        so that every value it returns stays as it was (PopArt's "preserving outputs").
+
+        ``mean`` and ``mean_square``: the batch's mean target and mean squared target. The
+        statistics are averages over the batches so far until ``1/updates`` falls below
+        ``step_size``, and exponential moving averages with ``step_size`` from then on.
+        Returns the new ``(mu, sigma)``.
+        """
+        if not self.popart:
+            raise ValueError("this network was built without popart, so it keeps no value statistics.")
+        stats = self._value_stats
+        old_mu, old_sigma = self.value_stats()
+        updates = stats["updates"] + 1.0
+        rate = tf.maximum(tf.constant(float(step_size), tf.float32), 1.0 / updates)
+        stats["mean"].assign(stats["mean"] + rate * (tf.cast(mean, tf.float32) - stats["mean"]))
+        stats["mean_square"].assign(
+            stats["mean_square"] + rate * (tf.cast(mean_square, tf.float32) - stats["mean_square"]))
+        stats["updates"].assign(updates)
+        mu, sigma = self.value_stats()
+        kernel, bias = self._named["value/kernel"], self._named["value/bias"]
+        kernel.assign(kernel * (old_sigma / sigma))
+        bias.assign((bias * old_sigma + old_mu - mu) / sigma)
+        return mu, sigma
 
     def initial_state(self, batch: int) -> Dict[str, tf.Tensor]:
         """Zero LSTM state ``{"h": [B, H], "c": [B, H]}``; empty without an LSTM."""
@@ -356,6 +427,9 @@ class TFNetwork(tf.Module):
             raw[pname] = tf.reshape(out, tf.concat([lead, list(shape)], axis=0))
         policy_params = self.policy.params_from_head_tf(raw)
         values = tf.reshape(self._value_head(self._value_input(flat)), lead)
+        if self.popart:
+            mu, sigma = self.value_stats()
+            values = values * sigma + mu
         return policy_params, values
 
     def _value_input(self, flat: tf.Tensor) -> tf.Tensor:

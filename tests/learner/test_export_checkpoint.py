@@ -146,3 +146,26 @@ def test_a_checkpoint_with_non_finite_parameters_is_not_exported(run, tmp_path):
     with pytest.raises(ExportError, match="holds NaN or infinite parameters .* export an earlier checkpoint"):
         export_checkpoint(nan_run, 6)
     assert not os.path.exists(checkpoint_export_dir(nan_run, 6))
+
+
+def test_a_popart_runs_checkpoint_exports_the_value_head_with_its_statistics(tmp_path, catch_spec):
+    import tensorflow as tf
+
+    from learner.export import POPART_STATS_KEY
+
+    logdir = str(tmp_path / "popart")
+    _train(logdir, catch_spec, 2, loss={"popart": 0.1})
+    reader = tf.train.load_checkpoint(os.path.join(logdir, "checkpoints"))
+    out = export_checkpoint(run_dir=logdir)
+    exported, written = _npz(out), _npz(os.path.join(logdir, "policy"))  # the run's own export folds them in
+    for name in written:
+        np.testing.assert_allclose(exported[name], written[name], rtol=1e-6, err_msg=name)
+    # The checkpoint holds the normalised head and the statistics; the export, the value's own head.
+    mean, mean_square = (float(reader.get_tensor(POPART_STATS_KEY.replace("/mean/", f"/{k}/")))
+                         for k in ("mean", "mean_square"))
+    sigma = np.sqrt(mean_square - mean ** 2)
+    assert mean != 0.0 and sigma != pytest.approx(1.0, abs=1e-3)
+    head = "network/_named/value.S{}/.ATTRIBUTES/VARIABLE_VALUE"
+    np.testing.assert_allclose(exported["value/kernel"], reader.get_tensor(head.format("kernel")) * sigma, rtol=1e-4)
+    np.testing.assert_allclose(exported["value/bias"], reader.get_tensor(head.format("bias")) * sigma + mean,
+                               rtol=1e-4, atol=1e-6)

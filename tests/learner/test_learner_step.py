@@ -284,6 +284,43 @@ def test_baseline_torso_scale_reaches_the_network_and_a_network_without_it_is_a_
     assert _tiny_learner(1, loss_config=LossConfig()).network is not None
 
 
+def test_popart_moves_the_statistics_to_the_batches_value_targets_after_each_update():
+    from impala_rep.networks import NetworkConfig
+    from impala_rep.specs import ArraySpec
+
+    obs = {"position": ArraySpec("position", (3,), "float32")}
+    action = ArraySpec("action", (2,), "float32", minimum=-1.0, maximum=1.0)
+    learner = LearnerStep.from_config(make_replicator("cpu", num_replicas=2), NetworkConfig(torso="mlp", mlp_sizes=(8,)),
+                                      obs, action, T, B, loss_config=LossConfig(popart=0.25))
+    assert learner.network.popart
+    rng = np.random.default_rng(3)
+
+    def batch():
+        data = {key: rng.normal(size=spec.shape).astype(spec.dtype) if spec.dtype == "float32" else
+                np.ones(spec.shape, spec.dtype) for key, spec in learner.batch_spec.items()}
+        data["reward"] = rng.uniform(5.0, 15.0, size=data["reward"].shape).astype(np.float32)  # returns far from 0
+        data["discount"] = np.full(data["discount"].shape, 0.9, np.float32)
+        data["behaviour_log_prob"] = np.full(data["behaviour_log_prob"].shape, -50.0, np.float32)  # rho clipped to 1
+        data["action"] = np.clip(data["action"], -1.0, 1.0)
+        return data
+
+    mean = mean_square = 0.0
+    for i, rate in enumerate((1.0, 0.5, 0.33333334, 0.25, 0.25)):  # max(step size, 1/updates)
+        metrics, (_, params) = learner.train_and_read(batch())
+        mean += rate * (metrics["vs_mean"] - mean)
+        mean_square += rate * (metrics["vs_square_mean"] - mean_square)
+        assert metrics["popart_mu"] == pytest.approx(mean, rel=1e-5)
+        assert metrics["popart_sigma"] == pytest.approx(np.sqrt(mean_square - mean ** 2), rel=1e-3)
+    assert metrics["popart_mu"] > 10.0  # the targets' scale, not the value head's at its start
+    # What the actors get is the value head with the statistics folded in.
+    mu, sigma = (float(x) for x in learner.network.value_stats())
+    raw = learner.network.named_variables
+    np.testing.assert_allclose(params["value/kernel"], raw["value/kernel"].numpy() * sigma, rtol=1e-5)
+    np.testing.assert_allclose(params["value/bias"], raw["value/bias"].numpy() * sigma + mu, rtol=1e-5)
+    with pytest.raises(ValueError, match="loss_config.popart is 0.001, but the network was built without popart"):
+        _tiny_learner(1, loss_config=LossConfig(popart=1e-3))
+
+
 # -- the real network ----------------------------------------------------------------------
 
 

@@ -100,6 +100,8 @@ def test_loss_config_defaults_follow_design():
         ({"reward_clip": -1.0}, ValueError),
         ({"baseline_torso_scale": 1.5}, ValueError),
         ({"baseline_torso_scale": -0.5}, ValueError),
+        ({"popart": 1.5}, ValueError),
+        ({"popart": -3e-4}, ValueError),
     ],
 )
 def test_loss_config_validation(kwargs, error):
@@ -356,3 +358,23 @@ def test_bad_values_params_and_config():
         impala_loss(POLICY, {}, values, batch, LossConfig())
     with pytest.raises(TypeError, match="LossConfig"):
         impala_loss(POLICY, {"logits": logits}, values, batch, {"discount": 0.99})
+
+
+def test_popart_puts_the_baseline_loss_on_the_scale_of_sigma_and_needs_it():
+    step_type = np.array([[0, 1], [1, 1], [2, 1], [0, 2], [1, 0], [1, 1], [2, 1]])
+    batch, logits, values = make_batch(step_type, None, B=2, seed=5)
+    params = {"logits": tf.constant(logits)}
+    values = tf.constant(values * 30.0 + 50.0)  # values of the size a walker's are
+    plain_loss, plain = impala_loss(POLICY, params, values, batch, LossConfig())
+    sigma = 7.5
+    loss, metrics = impala_loss(POLICY, params, values, batch, LossConfig(popart=3e-4), value_scale=sigma)
+    np.testing.assert_allclose(metrics["baseline_loss"].numpy(), plain["baseline_loss"].numpy() / sigma ** 2, rtol=1e-5)
+    for key in ("pg_loss", "entropy_loss", "vs_sum", "num_transitions"):  # the rest is as it was
+        np.testing.assert_allclose(metrics[key].numpy(), plain[key].numpy(), rtol=1e-6, err_msg=key)
+    assert "vs_square_sum" not in plain
+    terms = loss_terms(POLICY, params, values, batch, LossConfig())
+    np.testing.assert_allclose(metrics["vs_square_sum"].numpy(),
+                               np.sum(terms.mask.numpy() * np.square(terms.vs.numpy())), rtol=1e-5)
+    assert loss.numpy() != pytest.approx(plain_loss.numpy(), rel=1e-3)
+    with pytest.raises(ValueError, match="LossConfig.popart is set, so impala_loss needs value_scale"):
+        impala_loss(POLICY, params, values, batch, LossConfig(popart=3e-4))

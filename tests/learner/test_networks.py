@@ -282,6 +282,56 @@ def test_value_torso_scale_scales_only_the_value_gradient_into_the_shared_layers
             TFNetwork(config, OBS, ACTIONS["gaussian"], value_torso_scale=bad)
 
 
+def test_popart_keeps_the_values_through_each_update_of_the_statistics_and_exports_them_folded(tmp_path):
+    config = small_config(torso="shallow", lstm=8, kind="gaussian")
+    net = TFNetwork(config, OBS, ACTIONS["gaussian"], popart=True)
+    plain = TFNetwork(config, OBS, ACTIONS["gaussian"])
+    for name, var in plain.named_variables.items():
+        var.assign(net.named_variables[name])
+    obs = random_obs(OBS, (3, 2), seed=13)
+    first = np.array([[True, False], [False, False], [False, True]])
+
+    def values(n):
+        return n.unroll(obs, first, n.initial_state(2))[1].numpy()
+
+    # No statistics yet: mu 0, sigma 1, the plain network's values.
+    assert [float(x) for x in net.value_stats()] == [0.0, 1.0]
+    np.testing.assert_array_equal(values(net), values(plain))
+    before = values(net)
+    raw_kernel = net.named_variables["value/kernel"].numpy().copy()
+    # The first batch's statistics are its own (mean 50, standard deviation 10) ...
+    mu, sigma = net.update_value_stats(50.0, 50.0 ** 2 + 10.0 ** 2, 1e-3)
+    assert (float(mu), float(sigma)) == pytest.approx((50.0, 10.0), rel=1e-6)
+    np.testing.assert_allclose(values(net), before, atol=1e-5)  # float32 at 50: ulps of 4e-6
+    np.testing.assert_allclose(net.named_variables["value/kernel"].numpy(), raw_kernel / 10.0, rtol=1e-6)
+    # ... then averages until 1/updates falls below the step size: mean 55, mean square 3112.5.
+    mu, sigma = net.update_value_stats(60.0, 60.0 ** 2 + 5.0 ** 2, 1e-3)
+    assert (float(mu), float(sigma)) == pytest.approx((55.0, np.sqrt(3112.5 - 55.0 ** 2)), rel=1e-5)
+    np.testing.assert_allclose(values(net), before, atol=1e-5)
+    # The exported parameters carry the statistics: the NumPy backend computes the same values.
+    exported = net.get_params()
+    np_net = NumpyNetwork(config, OBS, ACTIONS["gaussian"])
+    np_net.set_params(exported)
+    state = {k: np.zeros((2,) + shape, np.float32) for k, shape in config.core_state_shapes().items()}
+    np.testing.assert_allclose(numpy_unroll(np_net, obs, first, state)[1], before, atol=PARITY_ATOL)
+    for name in exported:
+        if not name.startswith("value/"):
+            np.testing.assert_array_equal(exported[name], net.named_variables[name].numpy())
+    # set_params takes them back as get_params gives them.
+    other = TFNetwork(config, OBS, ACTIONS["gaussian"], popart=True)
+    tf.train.Checkpoint(network=other).read(tf.train.Checkpoint(network=net).write(str(tmp_path / "ckpt")))
+    assert [float(x) for x in other.value_stats()] == pytest.approx([float(mu), float(sigma)])
+    np.testing.assert_allclose(values(other), before, atol=1e-5)
+    other.set_params(exported)
+    np.testing.assert_allclose(other.named_variables["value/kernel"].numpy(),
+                               net.named_variables["value/kernel"].numpy(), rtol=1e-5)
+    np.testing.assert_allclose(values(other), before, atol=1e-5)
+    with pytest.raises(ValueError, match="built without popart"):
+        plain.value_stats()
+    with pytest.raises(TypeError, match="popart must be True or False"):
+        TFNetwork(config, OBS, ACTIONS["gaussian"], popart=3e-4)
+
+
 def test_unroll_under_xla_matches_eager():
     config = small_config(torso="shallow", lstm=8, kind="gaussian")
     net = TFNetwork(config, OBS, ACTIONS["gaussian"])
