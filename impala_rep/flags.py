@@ -11,6 +11,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
+from impala_rep.losses import POPART_TERMS
 from impala_rep.config import ACCELERATOR_PARAM_REFRESH_LAG, CPU_PARAM_REFRESH_LAG, DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, NEVER_KEYS, OVERLAP_PUBLISH, RunConfig, read_run_record, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "ignored_flags", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser", "parse_flags", "read_config_file", "config_file_flags", "CONFIG_NOT_CARRIED", "resumed_env_kwargs"]
@@ -235,6 +236,10 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    metavar="STEP_SIZE",
                    help="PopArt: learn the value on the scale of running statistics of its targets, moved with this "
                         "step size (e.g. 3e-4), keeping the values as they were; 0 (default) for none")
+    g.add_argument("--popart-terms", choices=POPART_TERMS, default="baseline",
+                   help="with --popart, the loss terms on the statistics' scale: baseline (default: only the value's), "
+                        "policy (the advantages too, as PopArt-IMPALA) or all (the advantages and the entropy term "
+                        "too: every term's weight as IMPALA's)")
     g.add_argument("--reward-scale", type=positive_float, default=None,
                    help="multiply rewards in the loss (default: 1/action-repeat for dmc/ ids, whose repeated "
                         "rewards are summed, else 1)")
@@ -395,7 +400,7 @@ CONFIG_NOT_CARRIED = ("logdir", "resume", "bind", "port", "token", "tls_cert", "
 _CONFIG_NESTED = {
     "network": ("torso", "policy", "bins", "lstm_size"),
     "loss": ("discount", "entropy_cost", "baseline_cost", "reward_scale", "reward_clip", "baseline_torso_scale",
-             "popart"),
+             "popart", "popart_terms"),
     "optimizer": ("learning_rate", "clip_norm", "anneal_steps", "anneal_seconds", "warmup_steps"),
 }
 # Settings carried as the flag of the same name (underscores as dashes), and renamed ones.
@@ -412,7 +417,7 @@ _CONFIG_NESTED_FLAGS = {
     ("network", "lstm_size"): "--lstm-size", ("loss", "discount"): "--discount",
     ("loss", "entropy_cost"): "--entropy-cost", ("loss", "baseline_cost"): "--baseline-cost",
     ("loss", "reward_clip"): "--reward-clip", ("loss", "baseline_torso_scale"): "--baseline-torso-scale",
-    ("loss", "popart"): "--popart",
+    ("loss", "popart"): "--popart", ("loss", "popart_terms"): "--popart-terms",
     ("optimizer", "learning_rate"): "--learning-rate",
     ("optimizer", "clip_norm"): "--clip-norm",
 }
@@ -654,6 +659,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         loss["baseline_torso_scale"] = args.baseline_torso_scale
     if args.popart:
         loss["popart"] = args.popart
+        if args.popart_terms != "baseline":
+            loss["popart_terms"] = args.popart_terms
+    elif args.popart_terms != "baseline":
+        raise UsageError(f"--popart-terms {args.popart_terms} needs --popart STEP_SIZE (e.g. 3e-4): without it "
+                         "there is no sigma to put the terms on the scale of.")
     optimizer: Dict[str, Any] = {"learning_rate": args.learning_rate, "clip_norm": args.clip_norm}
     updates = _learner_updates(args.total_steps, args.unroll_length, args.batch_size, args.replay_ratio)
     time_budget = getattr(args, "time_budget", None)

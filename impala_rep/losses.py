@@ -41,9 +41,11 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from impala_rep.specs import STEP_LAST
 
-__all__ = ["LossConfig", "LossTerms", "impala_loss", "loss_terms", "BATCH_KEYS"]
+__all__ = ["LossConfig", "LossTerms", "impala_loss", "loss_terms", "BATCH_KEYS", "POPART_TERMS"]
 
 BATCH_KEYS = ("action", "reward", "discount", "step_type", "behaviour_log_prob")
+# The terms LossConfig.popart_terms can put on the scale of PopArt's sigma besides the baseline.
+POPART_TERMS = ("baseline", "policy", "all")
 
 LossTerms = collections.namedtuple(
     "LossTerms",
@@ -82,9 +84,16 @@ class LossConfig:
         a normalised value head ``n`` (``TFNetwork(popart=True)``), the baseline loss is on
         the normalised scale, ``0.5 * ((v_s - V) / sigma)^2``, and the learner step moves the
         statistics after each update, rescaling the head so its values stay as they were
-        (``TFNetwork.update_value_stats``). The policy-gradient advantages stay in reward
-        units (PopArt-IMPALA divides them by sigma as well, which would raise the entropy
-        cost's relative weight by sigma).
+        (``TFNetwork.update_value_stats``).
+      popart_terms: with ``popart``, the terms put on sigma's scale besides the baseline:
+        ``"baseline"`` (default) leaves the policy-gradient advantages and the entropy term in
+        reward units, so the baseline weighs 1/sigma as much beside them as in IMPALA;
+        ``"policy"`` divides the advantages by sigma too, as PopArt-IMPALA does (Hessel et al.
+        2019), so the entropy term weighs sigma times as much beside the rest; ``"all"``
+        divides the advantages and the entropy term by sigma, so the whole loss is IMPALA's
+        divided by sigma, with every term's weight as IMPALA's, and only the value head's
+        normalised form (and the gradient clipping, and RMSProp's epsilon, on the smaller
+        gradient) differ.
     """
 
     discount: float = 0.99
@@ -97,6 +106,7 @@ class LossConfig:
     reward_clip: Optional[float] = None
     baseline_torso_scale: float = 1.0
     popart: float = 0.0
+    popart_terms: str = "baseline"
 
     def __post_init__(self):
         def number(name: str) -> float:
@@ -121,6 +131,9 @@ class LossConfig:
             raise ValueError(f"LossConfig.baseline_torso_scale must lie in [0, 1], got {self.baseline_torso_scale}.")
         if not 0.0 <= number("popart") <= 1.0:
             raise ValueError(f"LossConfig.popart must lie in [0, 1] (a step size; 0 for none), got {self.popart}.")
+        if self.popart_terms not in POPART_TERMS:
+            raise ValueError(f"LossConfig.popart_terms must be one of {', '.join(POPART_TERMS)}, got "
+                             f"{self.popart_terms!r}.")
         if not number("reward_scale") > 0.0:
             raise ValueError(f"LossConfig.reward_scale must be positive, got {self.reward_scale}.")
         if self.reward_clip is not None and not number("reward_clip") > 0.0:
@@ -172,13 +185,20 @@ def impala_loss(
     terms = loss_terms(policy, policy_params, values, batch, config)
     with tf.name_scope("impala_loss"):
         mask = terms.mask
-        pg_loss = -tf.reduce_sum(mask * terms.pg_advantages * terms.target_log_prob)
+        advantages = terms.pg_advantages
         errors = terms.vs - terms.values
         if config.popart:
-            errors = errors / tf.stop_gradient(tf.cast(value_scale, tf.float32))
+            sigma = tf.stop_gradient(tf.cast(value_scale, tf.float32))
+            errors = errors / sigma
+            if config.popart_terms != "baseline":
+                advantages = advantages / sigma
+        pg_loss = -tf.reduce_sum(mask * advantages * terms.target_log_prob)
         baseline_loss = 0.5 * tf.reduce_sum(mask * tf.square(errors))
         entropy_loss = -tf.reduce_sum(mask * terms.entropy)
-        loss = pg_loss + config.baseline_cost * baseline_loss + config.entropy_cost * entropy_loss
+        entropy_cost = config.entropy_cost
+        if config.popart and config.popart_terms == "all":
+            entropy_cost = entropy_cost / sigma
+        loss = pg_loss + config.baseline_cost * baseline_loss + entropy_cost * entropy_loss
 
         log_rhos = tf.stop_gradient(terms.log_rhos)  # -inf where masked
         rhos = tf.exp(log_rhos)  # 0 where masked

@@ -206,7 +206,10 @@ def read_capture(path: str) -> Tuple[Dict[str, Any], List[Dict[str, np.ndarray]]
 
 
 # The loss settings a replay can change (RunConfig.loss keys, the learner's flags of those names).
-REPLAY_LOSS_KEYS = ("baseline_cost", "entropy_cost", "reward_scale", "baseline_torso_scale", "popart")
+REPLAY_LOSS_KEYS = ("baseline_cost", "entropy_cost", "reward_scale", "baseline_torso_scale", "popart",
+                    "popart_terms")
+# Those of them that are words (LossConfig checks them), the rest numbers.
+REPLAY_LOSS_WORDS = ("popart_terms",)
 
 
 def layer_of(name: str) -> str:
@@ -260,7 +263,8 @@ def replay_capture(path: str, learner: str = "cpu", learning_rate: Optional[floa
     unknown = sorted(set(loss or {}) - set(REPLAY_LOSS_KEYS))
     if unknown:
         raise ValueError(f"a replay can change the loss's {', '.join(REPLAY_LOSS_KEYS)}, not {', '.join(unknown)}.")
-    loss_settings = dict(config.loss, **{k: float(v) for k, v in (loss or {}).items()})
+    loss_settings = dict(config.loss, **{k: v if k in REPLAY_LOSS_WORDS else float(v)
+                                         for k, v in (loss or {}).items()})
     config = dataclasses.replace(config, optimizer=optimizer, loss=loss_settings, learner=learner,
                                  replicas=config.replicas if learner == "cpu" == config.learner else None)
     step = make_learner_step(config, env_spec, make_replicator(learner, num_replicas=config.replicas))

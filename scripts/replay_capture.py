@@ -12,7 +12,7 @@ far the update moved each layer (the norm of its change over the norm of its par
 and how far it shifted each layer's kernel weights all together (their mean change over their
 mean magnitude before: the sign says whether the update scaled up or down what the layer passes
 on). ``--learning-rate``, ``--clip-norm``, ``--baseline-cost``, ``--entropy-cost``,
-``--reward-scale``, ``--baseline-torso-scale`` and ``--popart`` replay with other settings, to see
+``--reward-scale``, ``--baseline-torso-scale``, ``--popart`` and ``--popart-terms`` replay with other settings, to see
 whether the collapse still comes (PopArt's statistics, when the run had none, start from the
 first replayed batch's value targets). See ``learner/capture.py``.
 """
@@ -26,7 +26,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from learner.capture import REPLAY_LOSS_KEYS, replay_capture  # noqa: E402 (TensorFlow only when it replays)
+from impala_rep.losses import POPART_TERMS  # noqa: E402 (TensorFlow-free)
+from learner.capture import REPLAY_LOSS_KEYS, REPLAY_LOSS_WORDS, replay_capture  # noqa: E402 (TensorFlow only when it replays)
 
 SHOWN = ("entropy_mean", "value_mean", "grad_norm", "baseline_loss")
 
@@ -37,8 +38,12 @@ def main(argv=None) -> int:
     parser.add_argument("--learning-rate", type=float, default=None, help="replay with this learning rate")
     parser.add_argument("--clip-norm", type=float, default=None, help="replay with this gradient clip norm")
     for key in REPLAY_LOSS_KEYS:
-        parser.add_argument(f"--{key.replace('_', '-')}", type=float, default=None,
-                            help=f"replay with this {key.replace('_', ' ')}")
+        if key in REPLAY_LOSS_WORDS:
+            parser.add_argument(f"--{key.replace('_', '-')}", choices=POPART_TERMS, default=None,
+                                help=f"replay with this {key.replace('_', ' ')}")
+        else:
+            parser.add_argument(f"--{key.replace('_', '-')}", type=float, default=None,
+                                help=f"replay with this {key.replace('_', ' ')}")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.capture):
