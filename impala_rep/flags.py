@@ -236,10 +236,10 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
                    metavar="STEP_SIZE",
                    help="PopArt: learn the value on the scale of running statistics of its targets, moved with this "
                         "step size (e.g. 3e-4), keeping the values as they were; 0 (default) for none")
-    g.add_argument("--popart-terms", choices=POPART_TERMS, default="baseline",
-                   help="with --popart, the loss terms on the statistics' scale: baseline (default: only the value's), "
-                        "policy (the advantages too, as PopArt-IMPALA) or all (the advantages and the entropy term "
-                        "too: every term's weight as IMPALA's)")
+    g.add_argument("--popart-terms", choices=POPART_TERMS, default="all",
+                   help="with --popart, the loss terms on the statistics' scale: all (default: the value's, the "
+                        "advantages and the entropy term, every term's weight as IMPALA's), policy (the value's and "
+                        "the advantages, as PopArt-IMPALA) or baseline (only the value's)")
     g.add_argument("--reward-scale", type=positive_float, default=None,
                    help="multiply rewards in the loss (default: 1/action-repeat for dmc/ ids, whose repeated "
                         "rewards are summed, else 1)")
@@ -659,9 +659,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         loss["baseline_torso_scale"] = args.baseline_torso_scale
     if args.popart:
         loss["popart"] = args.popart
-        if args.popart_terms != "baseline":
+        if args.popart_terms != "all":
             loss["popart_terms"] = args.popart_terms
-    elif args.popart_terms != "baseline":
+    elif args.popart_terms != "all":
         raise UsageError(f"--popart-terms {args.popart_terms} needs --popart STEP_SIZE (e.g. 3e-4): without it "
                          "there is no sigma to put the terms on the scale of.")
     optimizer: Dict[str, Any] = {"learning_rate": args.learning_rate, "clip_norm": args.clip_norm}

@@ -991,6 +991,7 @@ def test_evaluate_checks_its_output_paths_before_running_episodes(tmp_path, caps
         (["--entropy-cost", "-0.1"], "--entropy-cost: expected a number of 0 or more, got -0.1"),
         (["--baseline-torso-scale", "1.5"], "--baseline-torso-scale: expected a share from 0 to 1, got 1.5"),
         (["--popart", "1.5"], "--popart: expected a step size from 0 to 1, got 1.5"),
+        (["--popart-terms", "baseline"], "--popart-terms baseline needs --popart STEP_SIZE"),
         (["--clip-norm", "0"], "--clip-norm: expected a positive number, got 0"),
         (["--reward-scale", "inf"], "--reward-scale: expected a positive number (a finite number), got 'inf'"),
         (["--replay-ratio", "nan"], "--replay-ratio: expected a number (a finite number), got 'nan'"),

@@ -93,7 +93,7 @@ def test_a_capture_replays_to_the_runs_own_metrics_and_parameters(tmp_path, catc
     assert unshared[0]["replayed"]["grad_norm"] != pytest.approx(first["grad_norm"], rel=1e-3)
     # PopArt from the capture's state: the statistics start from the first batch's targets, the
     # values are the run's and the baseline loss is on their scale.
-    popart, _ = replay_capture(path, loss={"popart": 3e-4})
+    popart, _ = replay_capture(path, loss={"popart": 3e-4, "popart_terms": "baseline"})
     row = popart[0]["replayed"]
     assert row["popart_mu"] == pytest.approx(row["vs_mean"], rel=1e-5)
     assert row["popart_sigma"] == pytest.approx(np.sqrt(max(row["vs_square_mean"] - row["vs_mean"] ** 2, 1e-8)),
@@ -101,6 +101,9 @@ def test_a_capture_replays_to_the_runs_own_metrics_and_parameters(tmp_path, catc
     assert row["value_mean"] == pytest.approx(first["value_mean"], rel=1e-5)
     assert row["baseline_loss"] == pytest.approx(first["baseline_loss"], rel=1e-5)  # sigma 1 in the first update
     assert popart[1]["replayed"]["baseline_loss"] != pytest.approx(rows[1]["replayed"]["baseline_loss"], rel=1e-2)
+    whole, _ = replay_capture(path, loss={"popart": 3e-4})  # all terms (the default); sigma 1 in the first update
+    assert whole[0]["replayed"]["loss"] == pytest.approx(first["loss"], rel=1e-5)
+    assert whole[1]["replayed"]["pg_loss"] != pytest.approx(popart[1]["replayed"]["pg_loss"], rel=1e-3)
     with pytest.raises(ValueError, match="not discount"):
         replay_capture(path, loss={"discount": 0.9})
 

@@ -367,7 +367,8 @@ def test_popart_puts_the_baseline_loss_on_the_scale_of_sigma_and_needs_it():
     values = tf.constant(values * 30.0 + 50.0)  # values of the size a walker's are
     plain_loss, plain = impala_loss(POLICY, params, values, batch, LossConfig())
     sigma = 7.5
-    loss, metrics = impala_loss(POLICY, params, values, batch, LossConfig(popart=3e-4), value_scale=sigma)
+    loss, metrics = impala_loss(POLICY, params, values, batch, LossConfig(popart=3e-4, popart_terms="baseline"),
+                                value_scale=sigma)
     np.testing.assert_allclose(metrics["baseline_loss"].numpy(), plain["baseline_loss"].numpy() / sigma ** 2, rtol=1e-5)
     for key in ("pg_loss", "entropy_loss", "vs_sum", "num_transitions"):  # the rest is as it was
         np.testing.assert_allclose(metrics[key].numpy(), plain[key].numpy(), rtol=1e-6, err_msg=key)
@@ -378,3 +379,15 @@ def test_popart_puts_the_baseline_loss_on_the_scale_of_sigma_and_needs_it():
     assert loss.numpy() != pytest.approx(plain_loss.numpy(), rel=1e-3)
     with pytest.raises(ValueError, match="LossConfig.popart is set, so impala_loss needs value_scale"):
         impala_loss(POLICY, params, values, batch, LossConfig(popart=3e-4))
+    # The default puts the advantages and the entropy term on sigma's scale too; "policy" the advantages.
+    config = LossConfig(popart=3e-4)
+    pg, bl, ent = (plain[k].numpy() for k in ("pg_loss", "baseline_loss", "entropy_loss"))
+    for terms, entropy_cost in (("policy", config.entropy_cost), ("all", config.entropy_cost / sigma)):
+        loss, metrics = impala_loss(POLICY, params, values, batch, LossConfig(popart=3e-4, popart_terms=terms),
+                                    value_scale=sigma)
+        np.testing.assert_allclose(metrics["pg_loss"].numpy(), pg / sigma, rtol=1e-5)
+        np.testing.assert_allclose(metrics["baseline_loss"].numpy(), bl / sigma ** 2, rtol=1e-5)
+        np.testing.assert_allclose(loss.numpy(), pg / sigma + config.baseline_cost * bl / sigma ** 2
+                                   + entropy_cost * ent, rtol=1e-5, err_msg=terms)
+    with pytest.raises(ValueError, match="popart_terms must be one of all, policy, baseline, got 'value'"):
+        LossConfig(popart=3e-4, popart_terms="value")
