@@ -179,10 +179,10 @@ def impala_loss(
     """
     import tensorflow as tf
 
+    terms = loss_terms(policy, policy_params, values, batch, config)  # checks the config's type first
     if config.popart and value_scale is None:
         raise ValueError("LossConfig.popart is set, so impala_loss needs value_scale (the network's sigma, "
                          "TFNetwork.value_stats()).")
-    terms = loss_terms(policy, policy_params, values, batch, config)
     with tf.name_scope("impala_loss"):
         mask = terms.mask
         advantages = terms.pg_advantages
