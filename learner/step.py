@@ -537,9 +537,7 @@ class LearnerStep:
                 if key.endswith("_sum"):
                     metrics[key[: -len("_sum")] + "_mean"] = metrics[key] / count
         if self._popart:  # after the update (the variables' reads and writes keep program order)
-            count = tf.maximum(metrics["num_transitions"], 1.0)
-            mu, sigma = self.network.update_value_stats(metrics["vs_sum"] / count, metrics["vs_square_sum"] / count,
-                                                        self._popart)
+            mu, sigma = self.network.update_value_stats(metrics["vs_mean"], metrics["vs_square_mean"], self._popart)
             metrics["popart_mu"], metrics["popart_sigma"] = mu, sigma
         metrics["step"] = tf.cast(self.optimizer.iterations, tf.float32)
         return metrics

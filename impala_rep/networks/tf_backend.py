@@ -226,10 +226,8 @@ class TFNetwork(tf.Module):
         ``step_size``, and exponential moving averages with ``step_size`` from then on.
         Returns the new ``(mu, sigma)``.
         """
-        if not self.popart:
-            raise ValueError("this network was built without popart, so it keeps no value statistics.")
+        old_mu, old_sigma = self.value_stats()  # a sentence for a network without popart
         stats = self._value_stats
-        old_mu, old_sigma = self.value_stats()
         updates = stats["updates"] + 1.0
         rate = tf.maximum(tf.constant(float(step_size), tf.float32), 1.0 / updates)
         stats["mean"].assign(stats["mean"] + rate * (tf.cast(mean, tf.float32) - stats["mean"]))
