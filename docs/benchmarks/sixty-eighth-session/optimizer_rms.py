@@ -13,7 +13,9 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-EPSILON = 0.01
+from learner.step import OptimizerConfig
+
+EPSILON = OptimizerConfig().epsilon  # no flag sets another, so every run trained with it
 
 
 def main(runs):
