@@ -50,6 +50,8 @@ OVERLAP_PUBLISH = ("auto", "on", "off")
 # (``--intake``): in the learner's process (thread) or a child process of its own (process);
 # auto is process for GPU and TPU learners, thread on CPUs.
 INTAKES = ("auto", "thread", "process")
+# RMSProp's epsilon (``--rmsprop-epsilon``), added inside the square root: IMPALA's 0.01.
+RMSPROP_EPSILON = 0.01
 
 
 class ConfigError(ValueError):

@@ -53,6 +53,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from impala_rep.config import RMSPROP_EPSILON
 from impala_rep.framestack import ALIGNMENT
 from impala_rep.specs import STEP_FIRST, ArraySpec
 
@@ -103,7 +104,8 @@ class OptimizerConfig:
       decay: RMSProp's moving-average decay of squared gradients (Keras ``rho``).
       momentum: RMSProp momentum.
       epsilon: added to the mean square *inside* the square root, as in TF1's RMSProp that
-        IMPALA used (``tf_keras.optimizers.RMSprop`` does the same).
+        IMPALA used (``tf_keras.optimizers.RMSprop`` does the same). A weight whose gradient's
+        mean square is well below it takes SGD-like steps of ``lr * g / sqrt(epsilon)``.
       clip_norm: global-norm clipping threshold of the all-reduced gradients, or ``None``.
       anneal_steps: anneal the learning rate linearly to 0 over this many learner steps
         (then keep it at 0), or ``None`` for a constant rate.
@@ -118,7 +120,7 @@ class OptimizerConfig:
     learning_rate: float = 6e-4
     decay: float = 0.99
     momentum: float = 0.0
-    epsilon: float = 0.01
+    epsilon: float = RMSPROP_EPSILON
     clip_norm: Optional[float] = 40.0
     anneal_steps: Optional[int] = None
     warmup_steps: int = 0

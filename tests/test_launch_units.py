@@ -267,6 +267,17 @@ def test_exported_policy_round_trips_and_mismatched_weights_are_a_sentence(tmp_p
         load_policy(str(tmp_path / "missing"))
 
 
+def test_rmsprop_epsilon_flag_reaches_the_optimizer_config_and_the_default_leaves_it_unwritten():
+    from impala_rep.flags import config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    # Runs at IMPALA's 0.01 keep their config.json as before the flag (the learner's default).
+    assert "epsilon" not in config_from_args(parser.parse_args(["--env", "catch"])).optimizer
+    given = config_from_args(parser.parse_args(["--env", "catch", "--rmsprop-epsilon", "1e-5"]))
+    assert given.optimizer["epsilon"] == 1e-5
+
+
 def test_lr_warmup_flag_reaches_the_optimizer_config_and_rejects_negatives(capsys):
     from impala_rep.flags import config_from_args
     from impala_rep.launch import build_parser
@@ -993,6 +1004,8 @@ def test_evaluate_checks_its_output_paths_before_running_episodes(tmp_path, caps
         (["--popart", "1.5"], "--popart: expected a step size from 0 to 1, got 1.5"),
         (["--popart-terms", "baseline"], "--popart-terms baseline needs --popart STEP_SIZE"),
         (["--clip-norm", "0"], "--clip-norm: expected a positive number, got 0"),
+        (["--rmsprop-epsilon", "0"], "--rmsprop-epsilon: expected a positive number, got 0"),
+        (["--rmsprop-epsilon", "nan"], "--rmsprop-epsilon: expected a positive number (a finite number), got 'nan'"),
         (["--reward-scale", "inf"], "--reward-scale: expected a positive number (a finite number), got 'inf'"),
         (["--replay-ratio", "nan"], "--replay-ratio: expected a number (a finite number), got 'nan'"),
         (["--seed", "-5"], "--seed: expected a whole number from 0 to 2147483647, got -5"),

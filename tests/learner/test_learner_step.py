@@ -270,6 +270,28 @@ def test_bad_batches_and_configs_are_sentences(batches):
         make_batch_spec({}, tiny_policy().action_spec, T, 0)
 
 
+@pytest.mark.parametrize("epsilon", [1e-12, 1e4])
+def test_rmsprop_epsilon_sets_how_far_the_first_update_moves_each_weight(epsilon):
+    # The first RMSProp step from a zero mean square: lr * g / sqrt((1 - decay) * g^2 + epsilon).
+    # With epsilon far below (1 - decay) g^2 every weight moves lr / sqrt(1 - decay), whatever
+    # its gradient; far above, lr * g / sqrt(epsilon), as SGD at a rate cut by sqrt(epsilon).
+    lr, decay = 1e-3, 0.99
+    learner = _tiny_learner(1, optimizer_config=OptimizerConfig(learning_rate=lr, decay=decay, epsilon=epsilon,
+                                                               clip_norm=None))
+    assert float(learner.optimizer.epsilon) == epsilon
+    _, before = learner.get_params()
+    batch = tiny_batches(1, T, B)[0]
+    learner.train(batch)
+    _, after = learner.get_params()
+    moved = np.concatenate([np.abs(after[k] - before[k]).ravel() for k in before])
+    moved = moved[moved > 0]
+    assert moved.size >= 20
+    if epsilon < 1:
+        np.testing.assert_allclose(moved, lr / np.sqrt(1 - decay), rtol=1e-3)
+    else:
+        assert moved.max() < lr * 1e-1  # the gradients here are far below sqrt(1e4) = 100
+
+
 def test_baseline_torso_scale_reaches_the_network_and_a_network_without_it_is_a_sentence():
     from impala_rep.networks import NetworkConfig
     from impala_rep.specs import ArraySpec
