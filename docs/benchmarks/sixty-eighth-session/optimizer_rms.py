@@ -1,12 +1,13 @@
 """How much of a run's network RMSProp's epsilon governs (sixty-eighth session).
 
 For each run directory, reads the latest checkpoint's RMSProp slots (the running mean square of
-each weight's gradient) and prints the share of weights whose mean square is under epsilon (0.01,
-`OptimizerConfig.epsilon`, added inside the root): for those, a step is about lr * g / 0.1 rather
-than lr * g / RMS(g).
+each weight's gradient) and prints the share of weights whose mean square is under the run's
+epsilon (its config.json's `--rmsprop-epsilon`, else `OptimizerConfig.epsilon`'s 0.01, added
+inside the root): for those, a step is about lr * g / sqrt(epsilon) rather than lr * g / RMS(g).
 
     .venv/bin/python docs/benchmarks/sixty-eighth-session/optimizer_rms.py RUN [RUN ...]
 """
+import json
 import os
 import sys
 
@@ -15,7 +16,12 @@ import tensorflow as tf
 
 from learner.step import OptimizerConfig
 
-EPSILON = OptimizerConfig().epsilon  # no flag sets another, so every run trained with it
+
+
+def run_epsilon(run):
+    """The epsilon the run trained with (runs at the default do not write it)."""
+    with open(os.path.join(run, "config.json")) as f:
+        return json.load(f).get("optimizer", {}).get("epsilon", OptimizerConfig().epsilon)
 
 
 def main(runs):
@@ -27,9 +33,10 @@ def main(runs):
         slots = [reader.get_tensor(name).ravel() for name, shape in tf.train.list_variables(ckpt)
                  if name.startswith("optimizer/_variables/") and shape]
         ms = np.concatenate(slots)
+        epsilon = run_epsilon(run)
         print(f"{os.path.basename(os.path.normpath(run))} {os.path.basename(ckpt)}: {ms.size} weights, "
-              f"mean square under epsilon for {np.mean(ms < EPSILON):.3f}, under epsilon/10 for "
-              f"{np.mean(ms < EPSILON / 10):.3f}, median mean square {np.median(ms):.3g}")
+              f"mean square under epsilon ({epsilon:g}) for {np.mean(ms < epsilon):.3f}, under epsilon/10 for "
+              f"{np.mean(ms < epsilon / 10):.3f}, median mean square {np.median(ms):.3g}")
 
 
 if __name__ == "__main__":
