@@ -5,8 +5,15 @@ each weight's gradient) and prints the share of weights whose mean square is und
 epsilon (its config.json's `--rmsprop-epsilon`, else `OptimizerConfig.epsilon`'s 0.01, added
 inside the root): for those, a step is about lr * g / sqrt(epsilon) rather than lr * g / RMS(g).
 
+It also counts, for each bias whose shape no other variable of the network shares (the shallow
+network's dense layer and policy head), the units whose mean square is exactly 0 (sixty-ninth
+session): a slot decays by 0.99 an update and reaches 0 in float32 only after several thousand
+updates with no gradient at all, so those units' ReLUs were silent on every input of those
+batches, capacity the network no longer uses.
+
     .venv/bin/python docs/benchmarks/sixty-eighth-session/optimizer_rms.py RUN [RUN ...]
 """
+import collections
 import json
 import os
 import sys
@@ -30,13 +37,28 @@ def main(runs):
         if ckpt is None:
             raise SystemExit(f"{run} has no checkpoint under {run}/checkpoints: give a run directory.")
         reader = tf.train.load_checkpoint(ckpt)
-        slots = [reader.get_tensor(name).ravel() for name, shape in tf.train.list_variables(ckpt)
-                 if name.startswith("optimizer/_variables/") and shape]
-        ms = np.concatenate(slots)
+        shapes = {name: tuple(shape) for name, shape in tf.train.list_variables(ckpt)}
+        slots = {name: reader.get_tensor(name) for name, shape in shapes.items()
+                 if name.startswith("optimizer/_variables/") and shape}
+        ms = np.concatenate([slot.ravel() for slot in slots.values()])
         epsilon = run_epsilon(run)
         print(f"{os.path.basename(os.path.normpath(run))} {os.path.basename(ckpt)}: {ms.size} weights, "
               f"mean square under epsilon ({epsilon:g}) for {np.mean(ms < epsilon):.3f}, under epsilon/10 for "
-              f"{np.mean(ms < epsilon / 10):.3f}, median mean square {np.median(ms):.3g}")
+              f"{np.mean(ms < epsilon / 10):.3f}, median mean square {np.median(ms):.3g}; "
+              f"units with no gradient: {silent_units(shapes, slots)}")
+
+
+def silent_units(shapes, slots):
+    """'layer n of m, ...' for the network's uniquely shaped biases (slots are matched by shape)."""
+    network = collections.Counter(s for n, s in shapes.items() if n.startswith("network/"))
+    by_shape = collections.Counter(slot.shape for slot in slots.values())
+    found = []
+    for name, shape in sorted(shapes.items()):
+        if name.startswith("network/") and "bias/" in name and network[shape] == 1 and by_shape[shape] == 1:
+            slot = next(v for v in slots.values() if v.shape == shape)
+            layer = name[len("network/_named/"):].split("/")[0].replace(".S", "/").rsplit("/", 1)[0]
+            found.append(f"{layer} {int(np.sum(slot == 0))} of {slot.size}")
+    return ", ".join(found)
 
 
 if __name__ == "__main__":
