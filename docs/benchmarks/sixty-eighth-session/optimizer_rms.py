@@ -24,7 +24,6 @@ import tensorflow as tf
 from learner.step import OptimizerConfig
 
 
-
 def run_epsilon(run):
     """The epsilon the run trained with (runs at the default do not write it)."""
     with open(os.path.join(run, "config.json")) as f:
