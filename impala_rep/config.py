@@ -52,6 +52,10 @@ OVERLAP_PUBLISH = ("auto", "on", "off")
 INTAKES = ("auto", "thread", "process")
 # RMSProp's epsilon (``--rmsprop-epsilon``), added inside the square root: IMPALA's 0.01.
 RMSPROP_EPSILON = 0.01
+# How that epsilon is applied (``--rmsprop-epsilon-scale``): as given at every update (fixed),
+# or divided by PopArt's sigma squared at each update (sigma), which keeps its weight against
+# the mean squares of PopArt's gradients, whose scale falls as 1/sigma.
+RMSPROP_EPSILON_SCALES = ("fixed", "sigma")
 
 
 class ConfigError(ValueError):

@@ -12,7 +12,7 @@ import re
 from typing import Any, Dict, List, Optional
 
 from impala_rep.losses import POPART_TERMS
-from impala_rep.config import ACCELERATOR_PARAM_REFRESH_LAG, CPU_PARAM_REFRESH_LAG, DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, NEVER_KEYS, OVERLAP_PUBLISH, RMSPROP_EPSILON, RunConfig, read_run_record, replayed_per_batch
+from impala_rep.config import ACCELERATOR_PARAM_REFRESH_LAG, CPU_PARAM_REFRESH_LAG, DEFAULT_ACTOR_NICE, DEFAULT_MAX_ACTOR_STREAMS, DEFAULT_PARAM_REFRESH_LAG, MAX_ACTOR_STREAMS, DEFAULT_UNROLLS_PER_MESSAGE, MAX_PARAM_REFRESH_LAG, LEARNER_KINDS, LEARNER_PRECISIONS, INTAKES, NEVER_KEYS, OVERLAP_PUBLISH, RMSPROP_EPSILON, RMSPROP_EPSILON_SCALES, RunConfig, read_run_record, replayed_per_batch
 
 __all__ = ["add_learner_flags", "add_actor_flags", "config_from_args", "ignored_flags", "check_logdir", "check_output_path", "seed_flag", "seed_type", "MAX_SEED", "MAX_ACTOR_SEED", "positive_float", "interval_seconds", "duration_seconds", "nonnegative_float", "int_at_least", "UsageError", "in_flag_terms", "CommandLineParser", "parse_flags", "read_config_file", "config_file_flags", "CONFIG_NOT_CARRIED", "resumed_env_kwargs"]
 
@@ -249,6 +249,10 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rmsprop-epsilon", type=positive_float, default=RMSPROP_EPSILON, metavar="EPSILON",
                    help="RMSProp's epsilon, added to the mean square of each weight's gradient inside the square "
                         "root (default 0.01, IMPALA's); weights whose mean square is below it take smaller steps")
+    g.add_argument("--rmsprop-epsilon-scale", choices=RMSPROP_EPSILON_SCALES, default="fixed",
+                   help="fixed (default): --rmsprop-epsilon at every update; sigma: --rmsprop-epsilon over PopArt's "
+                        "sigma squared at each update (needs --popart), which keeps epsilon's weight against the "
+                        "mean squares of PopArt's gradients as sigma grows")
     g.add_argument("--no-anneal", action="store_true", help="keep the learning rate constant instead of annealing it to 0")
     g.add_argument("--anneal", dest="no_anneal", action="store_false", default=argparse.SUPPRESS,
                    help="anneal the learning rate (the default; undoes a --no-anneal that --config carries)")
@@ -404,7 +408,7 @@ _CONFIG_NESTED = {
     "network": ("torso", "policy", "bins", "lstm_size"),
     "loss": ("discount", "entropy_cost", "baseline_cost", "reward_scale", "reward_clip", "baseline_torso_scale",
              "popart", "popart_terms"),
-    "optimizer": ("learning_rate", "clip_norm", "epsilon", "anneal_steps", "anneal_seconds", "warmup_steps"),
+    "optimizer": ("learning_rate", "clip_norm", "epsilon", "epsilon_scale", "anneal_steps", "anneal_seconds", "warmup_steps"),
 }
 # Settings carried as the flag of the same name (underscores as dashes), and renamed ones.
 _CONFIG_AS_FLAG = (
@@ -423,6 +427,7 @@ _CONFIG_NESTED_FLAGS = {
     ("loss", "popart"): "--popart", ("loss", "popart_terms"): "--popart-terms",
     ("optimizer", "learning_rate"): "--learning-rate",
     ("optimizer", "clip_norm"): "--clip-norm", ("optimizer", "epsilon"): "--rmsprop-epsilon",
+    ("optimizer", "epsilon_scale"): "--rmsprop-epsilon-scale",
 }
 _CONFIG_SWITCHES = {"jit_compile": "--jit", "eval_greedy": "--eval-greedy"}
 
@@ -670,6 +675,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     optimizer: Dict[str, Any] = {"learning_rate": args.learning_rate, "clip_norm": args.clip_norm}
     if args.rmsprop_epsilon != RMSPROP_EPSILON:  # runs at the default keep their config.json as it was
         optimizer["epsilon"] = args.rmsprop_epsilon
+    if args.rmsprop_epsilon_scale != "fixed":
+        if not args.popart:
+            raise UsageError(f"--rmsprop-epsilon-scale {args.rmsprop_epsilon_scale} needs --popart STEP_SIZE (e.g. "
+                             "3e-4): without it there is no sigma to divide epsilon by.")
+        optimizer["epsilon_scale"] = args.rmsprop_epsilon_scale
     updates = _learner_updates(args.total_steps, args.unroll_length, args.batch_size, args.replay_ratio)
     time_budget = getattr(args, "time_budget", None)
     if not args.no_anneal:

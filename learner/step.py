@@ -53,7 +53,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from impala_rep.config import RMSPROP_EPSILON
+from impala_rep.config import RMSPROP_EPSILON, RMSPROP_EPSILON_SCALES
 from impala_rep.framestack import ALIGNMENT
 from impala_rep.specs import STEP_FIRST, ArraySpec
 
@@ -106,6 +106,11 @@ class OptimizerConfig:
       epsilon: added to the mean square *inside* the square root, as in TF1's RMSProp that
         IMPALA used (``tf_keras.optimizers.RMSprop`` does the same). A weight whose gradient's
         mean square is well below it takes SGD-like steps of ``lr * g / sqrt(epsilon)``.
+      epsilon_scale: ``"fixed"`` (default): ``epsilon`` at every update; ``"sigma"``:
+        ``epsilon / sigma**2`` with PopArt's sigma before each update (needs a loss with
+        ``popart``). PopArt's loss is on the scale of the value targets over sigma, so its
+        gradients' mean squares fall as ``1/sigma**2``; a fixed epsilon then governs ever more
+        weights as sigma grows, and this keeps its weight where it was at sigma 1.
       clip_norm: global-norm clipping threshold of the all-reduced gradients, or ``None``.
       anneal_steps: anneal the learning rate linearly to 0 over this many learner steps
         (then keep it at 0), or ``None`` for a constant rate.
@@ -121,6 +126,7 @@ class OptimizerConfig:
     decay: float = 0.99
     momentum: float = 0.0
     epsilon: float = RMSPROP_EPSILON
+    epsilon_scale: str = "fixed"
     clip_norm: Optional[float] = 40.0
     anneal_steps: Optional[int] = None
     warmup_steps: int = 0
@@ -141,6 +147,9 @@ class OptimizerConfig:
             raise ValueError(f"OptimizerConfig.momentum must lie in [0, 1), got {self.momentum}.")
         if not number("epsilon") > 0:
             raise ValueError(f"OptimizerConfig.epsilon must be positive, got {self.epsilon}.")
+        if self.epsilon_scale not in RMSPROP_EPSILON_SCALES:
+            raise ValueError(f"OptimizerConfig.epsilon_scale must be one of {', '.join(RMSPROP_EPSILON_SCALES)}, "
+                             f"got {self.epsilon_scale!r}.")
         if self.clip_norm is not None and not number("clip_norm") > 0:
             raise ValueError(
                 f"OptimizerConfig.clip_norm must be positive, or None for no clipping; got {self.clip_norm}."
@@ -341,6 +350,14 @@ class LearnerStep:
             loss_fn = _impala_loss_fn(loss_config if loss_config is not None else LossConfig(),
                                       (lambda: self.network.value_stats()[1]) if self._popart else None)
         self._check_batch_spec(batch_spec, replicator.num_replicas, getattr(replicator, "kind", None))
+        # RMSProp's epsilon over PopArt's sigma squared, set before each update (_train).
+        self._epsilon_over_sigma = optimizer_config.epsilon_scale == "sigma"
+        if self._epsilon_over_sigma and not self._popart:
+            raise ValueError(
+                "optimizer_config.epsilon_scale is 'sigma', but the loss keeps no PopArt sigma to divide "
+                "epsilon by: give loss_config a popart step size (e.g. LossConfig(popart=3e-4); --popart), or "
+                "use epsilon_scale 'fixed'."
+            )
 
         self.replicator = replicator
         self.policy = policy
@@ -384,6 +401,19 @@ class LearnerStep:
             # what OptimizerConfig.anneal_seconds anneals over.
             self.train_seconds = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="train_seconds")
             self.optimizer = optimizer_config.make_optimizer(self.train_seconds)
+            self.rmsprop_epsilon = None
+            if self._epsilon_over_sigma:
+                # The optimizer adds ``self.epsilon`` to each mean square in its update, so a
+                # variable there is read at every update. It is derived from the checkpointed
+                # sigma before each update, so it stays out of the checkpoint: a run's
+                # checkpoints are the same with either scale.
+                self.rmsprop_epsilon = tf.Variable(float(optimizer_config.epsilon), dtype=tf.float32,
+                                                   trainable=False, name="rmsprop_epsilon")
+                self.optimizer._self_setattr_tracking = False
+                try:
+                    self.optimizer.epsilon = self.rmsprop_epsilon
+                finally:
+                    self.optimizer._self_setattr_tracking = True
             self.optimizer.build(variables)
         self._variables = variables
         self._replicated_optimizer = replicator.wrap_optimizer(self.optimizer, clip_norm=optimizer_config.clip_norm)
@@ -531,6 +561,10 @@ class LearnerStep:
 
         # B is axis 1 of [T+1, B, ...] entries and axis 0 of recurrent states [B, ...].
         axes = {key: 0 if key.startswith("core_state/") else 1 for key in batch}
+        epsilon = None
+        if self._epsilon_over_sigma:  # before the update that reads it (program order)
+            sigma = self.network.value_stats()[1]
+            epsilon = self.rmsprop_epsilon.assign(float(self.optimizer_config.epsilon) / tf.square(sigma))
         per_replica = self.replicator.run(self._replica_step, (self.replicator.distribute(batch, axis=axes),))
         metrics = self.replicator.reduce("sum", per_replica)
         if "num_transitions" in metrics:
@@ -541,6 +575,8 @@ class LearnerStep:
         if self._popart:  # after the update (the variables' reads and writes keep program order)
             mu, sigma = self.network.update_value_stats(metrics["vs_mean"], metrics["vs_square_mean"], self._popart)
             metrics["popart_mu"], metrics["popart_sigma"] = mu, sigma
+        if epsilon is not None:
+            metrics["rmsprop_epsilon"] = tf.identity(epsilon)
         metrics["step"] = tf.cast(self.optimizer.iterations, tf.float32)
         return metrics
 

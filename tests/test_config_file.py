@@ -20,7 +20,7 @@ CATCH = ["--env", "catch", "--env-arg", "rows=7", "--learner", "auto", "--tpu-ad
          "--frame-stack", "2", "--network", "mlp", "--lstm-size", "8", "--policy", "categorical",
          "--discount", "0.9", "--learning-rate", "0.001", "--entropy-cost", "0.02", "--baseline-cost", "0.25",
          "--baseline-torso-scale", "0.5", "--popart", "3e-4", "--popart-terms", "policy",
-         "--rmsprop-epsilon", "1e-05",
+         "--rmsprop-epsilon", "1e-05", "--rmsprop-epsilon-scale", "sigma",
          "--reward-scale", "0.5", "--reward-clip", "1", "--no-anneal", "--lr-warmup", "7", "--jit",
          "--learner-precision", "bfloat16", "--overlap-publish", "on", "--intake", "process",
          "--replay-ratio", "0.25", "--replay-unrolls", "64", "--total-steps", "5000", "--seed", "9",

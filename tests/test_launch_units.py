@@ -278,6 +278,19 @@ def test_rmsprop_epsilon_flag_reaches_the_optimizer_config_and_the_default_leave
     assert given.optimizer["epsilon"] == 1e-5
 
 
+def test_rmsprop_epsilon_scale_flag_needs_popart_and_the_default_leaves_it_unwritten():
+    from impala_rep.flags import UsageError, config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    assert "epsilon_scale" not in config_from_args(parser.parse_args(["--env", "catch", "--popart", "3e-4"])).optimizer
+    given = config_from_args(parser.parse_args(["--env", "catch", "--popart", "3e-4", "--rmsprop-epsilon-scale",
+                                                "sigma"]))
+    assert given.optimizer["epsilon_scale"] == "sigma"
+    with pytest.raises(UsageError, match=r"--rmsprop-epsilon-scale sigma needs --popart STEP_SIZE \(e.g. 3e-4\)"):
+        config_from_args(parser.parse_args(["--env", "catch", "--rmsprop-epsilon-scale", "sigma"]))
+
+
 def test_lr_warmup_flag_reaches_the_optimizer_config_and_rejects_negatives(capsys):
     from impala_rep.flags import config_from_args
     from impala_rep.launch import build_parser
@@ -1006,6 +1019,8 @@ def test_evaluate_checks_its_output_paths_before_running_episodes(tmp_path, caps
         (["--clip-norm", "0"], "--clip-norm: expected a positive number, got 0"),
         (["--rmsprop-epsilon", "0"], "--rmsprop-epsilon: expected a positive number, got 0"),
         (["--rmsprop-epsilon", "nan"], "--rmsprop-epsilon: expected a positive number (a finite number), got 'nan'"),
+        (["--rmsprop-epsilon-scale", "sigma"], "--rmsprop-epsilon-scale sigma needs --popart STEP_SIZE"),
+        (["--rmsprop-epsilon-scale", "popart"], "argument --rmsprop-epsilon-scale: invalid choice: 'popart'"),
         (["--reward-scale", "inf"], "--reward-scale: expected a positive number (a finite number), got 'inf'"),
         (["--replay-ratio", "nan"], "--replay-ratio: expected a number (a finite number), got 'nan'"),
         (["--seed", "-5"], "--seed: expected a whole number from 0 to 2147483647, got -5"),

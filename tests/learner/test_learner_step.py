@@ -306,29 +306,38 @@ def test_baseline_torso_scale_reaches_the_network_and_a_network_without_it_is_a_
     assert _tiny_learner(1, loss_config=LossConfig()).network is not None
 
 
-def test_popart_moves_the_statistics_to_the_batches_value_targets_after_each_update():
+def _popart_learner(optimizer_config, replicas=1):
     from impala_rep.networks import NetworkConfig
     from impala_rep.specs import ArraySpec
 
     obs = {"position": ArraySpec("position", (3,), "float32")}
     action = ArraySpec("action", (2,), "float32", minimum=-1.0, maximum=1.0)
-    learner = LearnerStep.from_config(make_replicator("cpu", num_replicas=2), NetworkConfig(torso="mlp", mlp_sizes=(8,)),
-                                      obs, action, T, B, loss_config=LossConfig(popart=0.25))
-    assert learner.network.popart
-    rng = np.random.default_rng(3)
+    return LearnerStep.from_config(make_replicator("cpu", num_replicas=replicas),
+                                   NetworkConfig(torso="mlp", mlp_sizes=(8,)), obs, action, T, B,
+                                   loss_config=LossConfig(popart=0.25), optimizer_config=optimizer_config)
 
-    def batch():
+
+def _large_return_batches(learner, count, seed=3):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
         data = {key: rng.normal(size=spec.shape).astype(spec.dtype) if spec.dtype == "float32" else
                 np.ones(spec.shape, spec.dtype) for key, spec in learner.batch_spec.items()}
-        data["reward"] = rng.uniform(5.0, 15.0, size=data["reward"].shape).astype(np.float32)  # returns far from 0
+        data["reward"] = rng.uniform(5.0, 15.0, size=data["reward"].shape).astype(np.float32)  # sigma far above 1
         data["discount"] = np.full(data["discount"].shape, 0.9, np.float32)
         data["behaviour_log_prob"] = np.full(data["behaviour_log_prob"].shape, -50.0, np.float32)  # rho clipped to 1
         data["action"] = np.clip(data["action"], -1.0, 1.0)
-        return data
+        out.append(data)
+    return out
 
+
+def test_popart_moves_the_statistics_to_the_batches_value_targets_after_each_update():
+    learner = _popart_learner(OptimizerConfig(), replicas=2)
+    assert learner.network.popart
+    batches = iter(_large_return_batches(learner, 5))
     mean = mean_square = 0.0
     for i, rate in enumerate((1.0, 0.5, 0.33333334, 0.25, 0.25)):  # max(step size, 1/updates)
-        metrics, (_, params) = learner.train_and_read(batch())
+        metrics, (_, params) = learner.train_and_read(next(batches))
         mean += rate * (metrics["vs_mean"] - mean)
         mean_square += rate * (metrics["vs_square_mean"] - mean_square)
         assert metrics["popart_mu"] == pytest.approx(mean, rel=1e-5)
@@ -341,6 +350,57 @@ def test_popart_moves_the_statistics_to_the_batches_value_targets_after_each_upd
     np.testing.assert_allclose(params["value/bias"], raw["value/bias"].numpy() * sigma + mu, rtol=1e-5)
     with pytest.raises(ValueError, match="loss_config.popart is 0.001, but the network was built without popart"):
         _tiny_learner(1, loss_config=LossConfig(popart=1e-3))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_rmsprop_epsilon_over_sigma_squared_is_what_each_update_uses(replicas):
+    # epsilon_scale "sigma": each update adds epsilon / sigma^2 (sigma as it stood before the
+    # update) to the mean squares. Two learners from the same start on the same batches: the
+    # first update is the same (sigma starts at 1); the second, after sigma has grown past 1,
+    # moves the weights of the one whose epsilon shrank further than the fixed one's.
+    epsilon = 1e4  # far above the mean squares: the steps scale as 1 / sqrt(epsilon)
+    scaled = _popart_learner(OptimizerConfig(epsilon=epsilon, epsilon_scale="sigma", clip_norm=None), replicas)
+    fixed = _popart_learner(OptimizerConfig(epsilon=epsilon, clip_norm=None), replicas)
+    fixed.set_params(scaled.get_params()[1])
+    assert scaled.optimizer.epsilon is scaled.rmsprop_epsilon and fixed.rmsprop_epsilon is None
+    batches = _large_return_batches(scaled, 2)
+    sigma = 1.0
+    moved = {}
+
+    def weights(learner):  # the value head's are left out: PopArt rescales them after each update, in both alike
+        return {name: v.numpy().copy() for name, v in learner.network.named_variables.items()
+                if not name.startswith("value/")}
+
+    for i, batch in enumerate(batches):
+        start = {"scaled": weights(scaled), "fixed": weights(fixed)}
+        metrics = scaled.train(batch)
+        fixed.train(batch)
+        assert metrics["rmsprop_epsilon"] == pytest.approx(epsilon / sigma ** 2, rel=1e-5)
+        assert float(scaled.rmsprop_epsilon.numpy()) == pytest.approx(epsilon / sigma ** 2, rel=1e-5)
+        sigma = float(metrics["popart_sigma"])
+        moved[i] = {name: sum(float(np.abs(w[k] - start[name][k]).sum()) for k in w)
+                    for name, w in (("scaled", weights(scaled)), ("fixed", weights(fixed)))}
+    assert sigma > 5.0  # returns of 5-15 per step, discounted at 0.9: epsilon / sigma^2 under 400
+    assert moved[0]["scaled"] == pytest.approx(moved[0]["fixed"], rel=1e-5)
+    assert moved[1]["scaled"] > 2.0 * moved[1]["fixed"]
+
+
+def test_rmsprop_epsilon_over_sigma_needs_popart_and_stays_out_of_the_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="epsilon_scale must be one of fixed, sigma, got 'popart'"):
+        OptimizerConfig(epsilon_scale="popart")
+    with pytest.raises(ValueError, match="epsilon_scale is 'sigma', but the loss keeps no PopArt sigma"):
+        _tiny_learner(1, optimizer_config=OptimizerConfig(epsilon_scale="sigma"))
+    # A checkpoint of either scale restores into the other: the epsilon is derived from sigma.
+    fixed = _popart_learner(OptimizerConfig())
+    fixed.train(_large_return_batches(fixed, 1)[0])
+    path = tf.train.Checkpoint(**fixed.checkpoint_objects()).save(str(tmp_path / "ckpt"))
+    scaled = _popart_learner(OptimizerConfig(epsilon_scale="sigma"))
+    scaled.train(_large_return_batches(scaled, 1, seed=4)[0])  # its slots exist, as on resume
+    tf.train.Checkpoint(**scaled.checkpoint_objects()).restore(path).assert_existing_objects_matched()
+    sigma = float(scaled.network.value_stats()[1])
+    assert sigma == pytest.approx(float(fixed.network.value_stats()[1]))
+    metrics = scaled.train(_large_return_batches(scaled, 1, seed=5)[0])
+    assert metrics["rmsprop_epsilon"] == pytest.approx(0.01 / sigma ** 2, rel=1e-5)
 
 
 # -- the real network ----------------------------------------------------------------------
