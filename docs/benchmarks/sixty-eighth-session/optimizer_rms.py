@@ -4,6 +4,8 @@ For each run directory, reads the latest checkpoint's RMSProp slots (the running
 each weight's gradient) and prints the share of weights whose mean square is under the run's
 epsilon (its config.json's `--rmsprop-epsilon`, else `OptimizerConfig.epsilon`'s 0.01, added
 inside the root): for those, a step is about lr * g / sqrt(epsilon) rather than lr * g / RMS(g).
+A run with `--rmsprop-epsilon-scale sigma` (seventieth session) used that over PopArt's sigma
+squared, the checkpoint's sigma at its last update.
 
 It also counts, for each bias whose shape no other variable of the network shares (the shallow
 network's dense layer and policy head), the units whose mean square is exactly 0 (sixty-ninth
@@ -24,10 +26,16 @@ import tensorflow as tf
 from learner.step import OptimizerConfig
 
 
-def run_epsilon(run):
-    """The epsilon the run trained with (runs at the default do not write it)."""
+def run_epsilon(run, reader, shapes):
+    """The epsilon the run trained with at its checkpoint (runs at the default do not write it)."""
     with open(os.path.join(run, "config.json")) as f:
-        return json.load(f).get("optimizer", {}).get("epsilon", OptimizerConfig().epsilon)
+        optimizer = json.load(f).get("optimizer", {})
+    epsilon = optimizer.get("epsilon", OptimizerConfig().epsilon)
+    if optimizer.get("epsilon_scale", "fixed") == "sigma":
+        stat = {key: reader.get_tensor(next(n for n in shapes if f"_value_stats/{key}/" in n))
+                for key in ("mean", "mean_square")}
+        epsilon /= max(float(stat["mean_square"] - stat["mean"] ** 2), 1e-12)  # sigma squared
+    return epsilon
 
 
 def main(runs):
@@ -40,7 +48,7 @@ def main(runs):
         slots = {name: reader.get_tensor(name) for name, shape in shapes.items()
                  if name.startswith("optimizer/_variables/") and shape}
         ms = np.concatenate([slot.ravel() for slot in slots.values()])
-        epsilon = run_epsilon(run)
+        epsilon = run_epsilon(run, reader, shapes)
         print(f"{os.path.basename(os.path.normpath(run))} {os.path.basename(ckpt)}: {ms.size} weights, "
               f"mean square under epsilon ({epsilon:g}) for {np.mean(ms < epsilon):.3f}, under epsilon/10 for "
               f"{np.mean(ms < epsilon / 10):.3f}, median mean square {np.median(ms):.3g}; "
