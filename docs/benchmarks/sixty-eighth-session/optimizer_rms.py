@@ -23,6 +23,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from impala_rep.networks.tf_backend import POPART_SIGMA_RANGE
 from learner.step import OptimizerConfig
 
 
@@ -34,7 +35,9 @@ def run_epsilon(run, reader, shapes):
     if optimizer.get("epsilon_scale", "fixed") == "sigma":
         stat = {key: reader.get_tensor(next(n for n in shapes if f"_value_stats/{key}/" in n))
                 for key in ("mean", "mean_square")}
-        epsilon /= max(float(stat["mean_square"] - stat["mean"] ** 2), 1e-12)  # sigma squared
+        # sigma as TFNetwork.value_stats derives it from the statistics, clip included
+        sigma = np.clip(np.sqrt(max(float(stat["mean_square"] - stat["mean"] ** 2), 0.0)), *POPART_SIGMA_RANGE)
+        epsilon /= sigma ** 2
     return epsilon
 
 
