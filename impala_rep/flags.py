@@ -678,7 +678,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.rmsprop_epsilon_scale != "fixed":
         if not args.popart:
             raise UsageError(f"--rmsprop-epsilon-scale {args.rmsprop_epsilon_scale} needs --popart STEP_SIZE (e.g. "
-                             "3e-4): without it there is no sigma to divide epsilon by.")
+                             "3e-4): without it there is no sigma to divide epsilon by. To run without PopArt (e.g. "
+                             "scripts/train.sh with --popart 0), give --rmsprop-epsilon-scale fixed as well.")
         optimizer["epsilon_scale"] = args.rmsprop_epsilon_scale
     updates = _learner_updates(args.total_steps, args.unroll_length, args.batch_size, args.replay_ratio)
     time_budget = getattr(args, "time_budget", None)

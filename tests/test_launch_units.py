@@ -287,7 +287,8 @@ def test_rmsprop_epsilon_scale_flag_needs_popart_and_the_default_leaves_it_unwri
     given = config_from_args(parser.parse_args(["--env", "catch", "--popart", "3e-4", "--rmsprop-epsilon-scale",
                                                 "sigma"]))
     assert given.optimizer["epsilon_scale"] == "sigma"
-    with pytest.raises(UsageError, match=r"--rmsprop-epsilon-scale sigma needs --popart STEP_SIZE \(e.g. 3e-4\)"):
+    with pytest.raises(UsageError, match=r"--rmsprop-epsilon-scale sigma needs --popart STEP_SIZE \(e.g. 3e-4\).*"
+                                         r"give --rmsprop-epsilon-scale fixed as well"):
         config_from_args(parser.parse_args(["--env", "catch", "--rmsprop-epsilon-scale", "sigma"]))
 
 

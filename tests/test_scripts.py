@@ -5,6 +5,7 @@ The end-to-end benchmark itself (TensorFlow learner, actor processes) is not run
 is its manual smoke test (about 30 s).
 """
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -1083,6 +1084,12 @@ def test_the_main_job_flags_parse_into_its_documented_budget():
     assert config.total_steps == 4_000_000 and config.time_budget_s == 3000.0
     assert config.optimizer["anneal_seconds"] == 3000.0 and config.optimizer["anneal_steps"] == 50_000
     assert config.eval_episodes == 10 and config.eval_greedy
+    # PopArt with epsilon over sigma squared (seventy-first session), and the way back to the
+    # recipe without it that the README gives: a repeated flag overrides.
+    assert config.loss["popart"] == 3e-4 and config.optimizer["epsilon_scale"] == "sigma"
+    plain = config_from_args(build_parser().parse_args(argv + ["--popart", "0", "--rmsprop-epsilon-scale", "fixed"]))
+    assert "popart" not in plain.loss and "epsilon_scale" not in plain.optimizer
+    assert dataclasses.replace(plain, loss=config.loss, optimizer=config.optimizer) == config
 
 
 def test_bench_ingest_sends_batched_messages_as_the_actors_do():
