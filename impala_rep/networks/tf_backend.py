@@ -45,6 +45,14 @@ COMPUTE_DTYPES = LEARNER_PRECISIONS
 POPART_SIGMA_RANGE = (1e-4, 1e6)
 
 
+def popart_sigma(mean: Any, mean_square: Any) -> tf.Tensor:
+    """PopArt's sigma from the value targets' running ``mean`` and ``mean_square`` (tensors or
+    arrays, e.g. read from a checkpoint): ``sqrt(max(mean_square - mean^2, 0))`` clipped to
+    :data:`POPART_SIGMA_RANGE`."""
+    variance = tf.maximum(mean_square - tf.square(mean), 0.0)
+    return tf.clip_by_value(tf.sqrt(variance), POPART_SIGMA_RANGE[0], POPART_SIGMA_RANGE[1])
+
+
 class TFNetwork(tf.Module):
     """The agent network in TensorFlow (see ``impala_rep.networks.config`` for the architecture).
 
@@ -214,8 +222,7 @@ class TFNetwork(tf.Module):
             raise ValueError("this network was built without popart, so it keeps no value statistics.")
         stats = self._value_stats
         mu = tf.identity(stats["mean"])
-        variance = tf.maximum(stats["mean_square"] - tf.square(mu), 0.0)
-        return mu, tf.clip_by_value(tf.sqrt(variance), POPART_SIGMA_RANGE[0], POPART_SIGMA_RANGE[1])
+        return mu, popart_sigma(mu, stats["mean_square"])
 
     def update_value_stats(self, mean: Any, mean_square: Any, step_size: float) -> Tuple[tf.Tensor, tf.Tensor]:
         """Moves the statistics towards a batch of value targets and rescales the value head

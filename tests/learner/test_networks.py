@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from impala_rep.losses import LossConfig, impala_loss
 from impala_rep.networks import NetworkConfig, NumpyNetwork, plan_network
-from impala_rep.networks.tf_backend import TFNetwork
+from impala_rep.networks.tf_backend import POPART_SIGMA_RANGE, TFNetwork, popart_sigma
 from impala_rep.distributions import make_policy
 from impala_rep.specs import ArraySpec
 
@@ -330,6 +330,16 @@ def test_popart_keeps_the_values_through_each_update_of_the_statistics_and_expor
         plain.value_stats()
     with pytest.raises(TypeError, match="popart must be True or False"):
         TFNetwork(config, OBS, ACTIONS["gaussian"], popart=3e-4)
+
+
+def test_popart_sigma_is_the_statistics_standard_deviation_within_its_bounds():
+    # From arrays as a checkpoint reader gives them, and from tensors.
+    assert float(popart_sigma(np.float32(55.0), np.float32(3112.5))) == pytest.approx(np.sqrt(87.5), rel=1e-5)
+    assert float(popart_sigma(tf.constant(0.0), tf.constant(4.0))) == pytest.approx(2.0)
+    # float32 rounding can make mean_square fall under mean^2: the variance is held at 0, sigma at the floor.
+    assert float(popart_sigma(np.float32(3.0), np.float32(8.999))) == pytest.approx(POPART_SIGMA_RANGE[0])
+    assert float(popart_sigma(np.float32(7.0), np.float32(49.0))) == pytest.approx(POPART_SIGMA_RANGE[0])
+    assert float(popart_sigma(np.float32(0.0), np.float32(1e14))) == pytest.approx(POPART_SIGMA_RANGE[1])
 
 
 def test_unroll_under_xla_matches_eager():

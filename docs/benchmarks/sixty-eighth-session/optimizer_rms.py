@@ -23,7 +23,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from impala_rep.networks.tf_backend import POPART_SIGMA_RANGE
+from impala_rep.networks.tf_backend import popart_sigma
 from learner.step import OptimizerConfig
 
 
@@ -35,8 +35,7 @@ def run_epsilon(run, reader, shapes):
     if optimizer.get("epsilon_scale", "fixed") == "sigma":
         stat = {key: reader.get_tensor(next(n for n in shapes if f"_value_stats/{key}/" in n))
                 for key in ("mean", "mean_square")}
-        # sigma as TFNetwork.value_stats derives it from the statistics, clip included
-        sigma = np.clip(np.sqrt(max(float(stat["mean_square"] - stat["mean"] ** 2), 0.0)), *POPART_SIGMA_RANGE)
+        sigma = float(popart_sigma(stat["mean"], stat["mean_square"]))  # as TFNetwork.value_stats
         epsilon /= sigma ** 2
     return epsilon
 
