@@ -9,8 +9,8 @@
 # 54 minutes (greedy evaluation 756.7), on faster hosts 18-24 minutes, where 1.6M steps ended
 # below 700 in 2 runs of 12 and 3-4M steps at 847-857 in all 3 (runs 17, 19, 27). Since the
 # seventy-first session it adds PopArt (step size 3e-4) with RMSProp's epsilon over PopArt's sigma
-# squared: on the Zen 4 host both full runs ended at 864-865 (runs 46 and 47), past 700 at 10 minutes
-# (804.2 and 711.2; 812-838 in three 20-minute runs), where the default scored 535-786 at 10 minutes in
+# squared: on the Zen 4 host its three full runs ended at 861.6-865.0 (runs 46-48, the last from a fresh
+# clone), past 700 at 10 minutes (711.2-819.2; 812-838 in three 20-minute runs), where the default scored 535-786 at 10 minutes in
 # three runs and silenced 107-113 of the dense layer's 256 units. Each
 # checkpoint's policy (every 5 minutes) is evaluated on 10 greedy
 # episodes as it trains (RUN_DIR/eval). Extra
