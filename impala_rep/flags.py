@@ -239,7 +239,8 @@ def add_learner_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--popart-terms", choices=POPART_TERMS, default="all",
                    help="with --popart, the loss terms on the statistics' scale: all (default: the value's, the "
                         "advantages and the entropy term, every term's weight as IMPALA's), policy (the value's and "
-                        "the advantages, as PopArt-IMPALA) or baseline (only the value's)")
+                        "the advantages, as PopArt-IMPALA), baseline (only the value's) or impala (as all, with the value's "
+                        "loss times sigma, so the shared layers get IMPALA's gradient divided by sigma)")
     g.add_argument("--reward-scale", type=positive_float, default=None,
                    help="multiply rewards in the loss (default: 1/action-repeat for dmc/ ids, whose repeated "
                         "rewards are summed, else 1)")

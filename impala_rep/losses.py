@@ -45,7 +45,7 @@ __all__ = ["LossConfig", "LossTerms", "impala_loss", "loss_terms", "BATCH_KEYS",
 
 BATCH_KEYS = ("action", "reward", "discount", "step_type", "behaviour_log_prob")
 # The terms LossConfig.popart_terms can put on the scale of PopArt's sigma besides the baseline.
-POPART_TERMS = ("all", "policy", "baseline")
+POPART_TERMS = ("all", "policy", "baseline", "impala")
 
 LossTerms = collections.namedtuple(
     "LossTerms",
@@ -93,7 +93,14 @@ class LossConfig:
         PopArt-IMPALA does (Hessel et al. 2019), so the entropy term weighs sigma times as much
         beside the rest. ``"baseline"`` leaves both in reward units, so the baseline weighs
         1/sigma as much beside them (on walker-walk its policy settled early at a return of
-        100: docs/RESULTS.md, sixty-seventh session).
+        100: docs/RESULTS.md, sixty-seventh session). ``"impala"`` is ``"all"`` with the baseline
+        loss multiplied by sigma too: as a function of the network's outputs (the values in
+        reward units and the policy's parameters) the loss is then exactly IMPALA's divided by
+        sigma, so the layers the value head shares with the policy get IMPALA's gradient divided
+        by sigma. Under ``"all"`` the baseline's part of that gradient is IMPALA's divided by
+        sigma squared: beside the policy's, it weighs as a baseline cost of
+        ``baseline_cost / sigma`` would (docs/RESULTS.md, seventy-third session). Only the value
+        head's own layer learns on the normalised scale.
     """
 
     discount: float = 0.99
@@ -196,9 +203,12 @@ def impala_loss(
         baseline_loss = 0.5 * tf.reduce_sum(mask * tf.square(errors))
         entropy_loss = -tf.reduce_sum(mask * terms.entropy)
         entropy_cost = config.entropy_cost
-        if config.popart and config.popart_terms == "all":
+        if config.popart and config.popart_terms in ("all", "impala"):
             entropy_cost = entropy_cost / sigma
-        loss = pg_loss + config.baseline_cost * baseline_loss + entropy_cost * entropy_loss
+        baseline_cost = config.baseline_cost
+        if config.popart and config.popart_terms == "impala":
+            baseline_cost = baseline_cost * sigma
+        loss = pg_loss + baseline_cost * baseline_loss + entropy_cost * entropy_loss
 
         log_rhos = tf.stop_gradient(terms.log_rhos)  # -inf where masked
         rhos = tf.exp(log_rhos)  # 0 where masked

@@ -292,6 +292,18 @@ def test_rmsprop_epsilon_scale_flag_needs_popart_and_the_default_leaves_it_unwri
         config_from_args(parser.parse_args(["--env", "catch", "--rmsprop-epsilon-scale", "sigma"]))
 
 
+def test_popart_terms_impala_reaches_the_loss_config_and_needs_popart():
+    from impala_rep.flags import UsageError, config_from_args
+    from impala_rep.launch import build_parser
+
+    parser = build_parser()
+    given = config_from_args(parser.parse_args(["--env", "catch", "--popart", "3e-4", "--popart-terms", "impala"]))
+    assert given.loss["popart_terms"] == "impala"
+    assert "popart_terms" not in config_from_args(parser.parse_args(["--env", "catch", "--popart", "3e-4"])).loss
+    with pytest.raises(UsageError, match="--popart-terms impala needs --popart STEP_SIZE"):
+        config_from_args(parser.parse_args(["--env", "catch", "--popart-terms", "impala"]))
+
+
 def test_lr_warmup_flag_reaches_the_optimizer_config_and_rejects_negatives(capsys):
     from impala_rep.flags import config_from_args
     from impala_rep.launch import build_parser

@@ -389,5 +389,35 @@ def test_popart_puts_the_baseline_loss_on_the_scale_of_sigma_and_needs_it():
         np.testing.assert_allclose(metrics["baseline_loss"].numpy(), bl / sigma ** 2, rtol=1e-5)
         np.testing.assert_allclose(loss.numpy(), pg / sigma + config.baseline_cost * bl / sigma ** 2
                                    + entropy_cost * ent, rtol=1e-5, err_msg=terms)
-    with pytest.raises(ValueError, match="popart_terms must be one of all, policy, baseline, got 'value'"):
+    with pytest.raises(ValueError, match="popart_terms must be one of all, policy, baseline, impala, got 'value'"):
         LossConfig(popart=3e-4, popart_terms="value")
+
+
+def test_popart_terms_impala_is_impalas_loss_divided_by_sigma_gradients_included():
+    """With "impala" the loss, and its gradients with respect to the values and the policy's
+    parameters (what the shared layers see), are IMPALA's divided by sigma; with "all" the
+    values' gradient is IMPALA's divided by sigma squared."""
+    step_type = np.array([[0, 1], [1, 1], [2, 1], [0, 2], [1, 0], [1, 1], [2, 1]])
+    batch, logits, values = make_batch(step_type, None, B=2, seed=6)
+    logits = tf.Variable(logits)
+    values = tf.Variable(values * 30.0 + 50.0)
+    sigma = 6.5
+
+    def loss_and_grads(config, **kwargs):
+        with tf.GradientTape() as tape:
+            loss, metrics = impala_loss(POLICY, {"logits": logits}, values, batch, config, **kwargs)
+        return loss.numpy(), metrics, [g.numpy() for g in tape.gradient(loss, [logits, values])]
+
+    plain_loss, plain, (plain_logits, plain_values) = loss_and_grads(LossConfig())
+    loss, metrics, (grad_logits, grad_values) = loss_and_grads(
+        LossConfig(popart=3e-4, popart_terms="impala"), value_scale=sigma)
+    np.testing.assert_allclose(loss, plain_loss / sigma, rtol=1e-5)
+    np.testing.assert_allclose(grad_logits, plain_logits / sigma, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(grad_values, plain_values / sigma, rtol=1e-4, atol=1e-7)
+    assert np.any(plain_values != 0)
+    # The metric stays the normalised baseline loss, unweighted, as under the other choices.
+    np.testing.assert_allclose(metrics["baseline_loss"].numpy(), plain["baseline_loss"].numpy() / sigma ** 2,
+                               rtol=1e-5)
+    _, _, (all_logits, all_values) = loss_and_grads(LossConfig(popart=3e-4, popart_terms="all"), value_scale=sigma)
+    np.testing.assert_allclose(all_logits, plain_logits / sigma, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(all_values, plain_values / sigma ** 2, rtol=1e-4, atol=1e-7)
