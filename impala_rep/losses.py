@@ -44,7 +44,8 @@ from impala_rep.specs import STEP_LAST
 __all__ = ["LossConfig", "LossTerms", "impala_loss", "loss_terms", "BATCH_KEYS", "POPART_TERMS"]
 
 BATCH_KEYS = ("action", "reward", "discount", "step_type", "behaviour_log_prob")
-# The terms LossConfig.popart_terms can put on the scale of PopArt's sigma besides the baseline.
+# The choices of LossConfig.popart_terms: the terms put on the scale of PopArt's sigma besides the
+# baseline ("impala" also weighs the baseline by sigma).
 POPART_TERMS = ("all", "policy", "baseline", "impala")
 
 LossTerms = collections.namedtuple(
