@@ -1085,7 +1085,8 @@ def measure_pieces(workload: Workload, args, report, label: str = "", batch: Opt
 PIECES = ("env", "inference", "learner")
 
 
-def live_over_pieces(end_to_end: Mapping[str, Any], pieces: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
+def live_over_pieces(end_to_end: Mapping[str, Any], pieces: Mapping[str, Mapping[str, Any]],
+                     cores: Optional[float] = None) -> Dict[str, float]:
     """Where the end-to-end run spent more CPU per agent step than the pieces imply, in ms:
     ``env`` and ``policy`` (the actors' own reports of those parts against the env and
     inference pieces), ``actor_pipeline`` (the rest of the actor processes' CPU: unroll
@@ -1094,6 +1095,11 @@ def live_over_pieces(end_to_end: Mapping[str, Any], pieces: Mapping[str, Mapping
     ``learner`` is also split: ``learner_tensorflow`` (those threads against the learner
     piece, which counts its own Python dispatch too) and ``learner_rest`` (the learner
     process's other threads: gRPC ingest, batching, publishing, the training loop's Python).
+    With the machine's CPU measured, ``other_processes`` is what the rest of the machine used
+    (the benchmark's own sampling, system daemons) and, given ``cores``, ``stolen`` (the
+    hypervisor's) and ``idle`` (cores no process used): then ``env``, ``policy``,
+    ``actor_pipeline``, ``learner``, ``other_processes``, ``stolen`` and ``idle`` sum to the
+    whole gap, ``cores`` ms per agent step at the end-to-end rate less the ceiling's.
     Empty without the actors' reports or the CPU split."""
     loop = end_to_end.get("actor_loop_ms_per_step") or {}
     rate = end_to_end.get("agent_steps_per_s")
@@ -1114,6 +1120,13 @@ def live_over_pieces(end_to_end: Mapping[str, Any], pieces: Mapping[str, Mapping
         tensorflow_ms = 1e3 * end_to_end["cores_learner_tensorflow"] / rate
         gaps["learner_tensorflow"] = tensorflow_ms - alone["learner"]
         gaps["learner_rest"] = learner_ms - tensorflow_ms
+    if "cores_machine" in end_to_end:
+        machine_ms = 1e3 * end_to_end["cores_machine"] / rate
+        gaps["other_processes"] = machine_ms - actors_ms - learner_ms
+        if cores:
+            stolen_ms = 1e3 * end_to_end.get("cores_stolen", 0.0) / rate
+            gaps["stolen"] = stolen_ms
+            gaps["idle"] = 1e3 * cores / rate - machine_ms - stolen_ms
     return gaps
 
 
@@ -1160,7 +1173,7 @@ def run_workload(workload: Workload, args, report) -> Dict[str, Any]:
     e2e = out.get("end_to_end", {})
     if "agent_steps_per_s" in e2e and "ceiling_agent_steps_per_s" in out:
         out["ratio_to_ceiling"] = e2e["agent_steps_per_s"] / out["ceiling_agent_steps_per_s"]
-        gaps = live_over_pieces(e2e, out)
+        gaps = live_over_pieces(e2e, out, cores)
         if gaps:
             out["live_over_pieces_ms_per_step"] = gaps
         slice_rates = e2e.get("slices_agent_steps_per_s", [])
@@ -1224,10 +1237,15 @@ def summary(results: Sequence[Mapping[str, Any]]) -> str:
             over = dict(r["live_over_pieces_ms_per_step"])
             split = ({k: over.pop(k) for k in ("learner_tensorflow", "learner_rest")}
                      if "learner_tensorflow" in over else None)
-            gaps = ", ".join(f"{k} {v:+.3f}" for k, v in over.items())
-            if split is not None:
-                gaps += (f" (TensorFlow's threads {split['learner_tensorflow']:+.3f}, the rest of the learner "
-                         f"process {split['learner_rest']:+.3f})")
+            parts = []
+            for k, v in over.items():
+                parts.append(f"{k} {v:+.3f}")
+                if k == "learner" and split is not None:
+                    parts[-1] += (f" (TensorFlow's threads {split['learner_tensorflow']:+.3f}, the rest of the "
+                                  f"learner process {split['learner_rest']:+.3f})")
+            gaps = ", ".join(parts)
+            if "idle" in over:
+                gaps += f"; in all {sum(over.values()):+.3f}, the whole gap to the ceiling"
             lines.append(f"  {'CPU ms per step over the pieces':32s} {gaps}")
     return "\n".join(lines)
 

@@ -989,6 +989,16 @@ def test_live_over_pieces_sets_the_actors_reports_and_process_cpu_beside_the_pie
     split = bench.live_over_pieces({**e2e, "cores_learner_tensorflow": 0.42}, pieces)
     assert split == pytest.approx({"env": 0.1, "policy": 0.05, "actor_pipeline": 0.15, "learner": 0.1,
                                    "learner_tensorflow": 0.02, "learner_rest": 0.08})
+    # With the machine's CPU and the cores, the rest of the machine, the hypervisor and the idle
+    # cores are counted too, and the terms add up to the whole gap between the run and the ceiling.
+    whole = bench.live_over_pieces({**e2e, "cores_machine": 2.3, "cores_stolen": 0.05}, pieces, cores=2.5)
+    assert whole == pytest.approx({"env": 0.1, "policy": 0.05, "actor_pipeline": 0.15, "learner": 0.1,
+                                   "other_processes": 0.3, "stolen": 0.05, "idle": 0.15})
+    ceiling = bench.ceiling_agent_steps_per_s(1000.0, 5000.0, 2500.0, 2.5)
+    assert sum(whole.values()) == pytest.approx(2.5e3 / e2e["agent_steps_per_s"] - 2.5e3 / ceiling)
+    # Without the cores only the rest of the machine is known.
+    assert bench.live_over_pieces({**e2e, "cores_machine": 2.3}, pieces)["other_processes"] == pytest.approx(0.3)
+    assert "idle" not in bench.live_over_pieces({**e2e, "cores_machine": 2.3}, pieces)
 
 
 def test_summary_prints_the_learner_split_between_tensorflow_and_the_rest():
@@ -1002,6 +1012,13 @@ def test_summary_prints_the_learner_split_between_tensorflow_and_the_rest():
     text = bench.summary([result])
     assert "learner process 1.20 (TensorFlow's threads 1.05)" in text
     assert ("learner +0.060 (TensorFlow's threads +0.010, the rest of the learner process +0.050)" in text)
+    # With the rest of the machine and the idle cores, the line ends with the whole gap they sum to.
+    result["live_over_pieces_ms_per_step"].update({"other_processes": 0.004, "stolen": 0.001, "idle": 0.008})
+    text = bench.summary([result])
+    assert ("learner +0.060 (TensorFlow's threads +0.010, the rest of the learner process +0.050), "
+            "other_processes +0.004, stolen +0.001, idle +0.008; in all +0.154, the whole gap to the ceiling") in text
+    for key in ("other_processes", "stolen", "idle"):
+        del result["live_over_pieces_ms_per_step"][key]
     # Without the thread split (an older JSON), the line is as before.
     del e2e["cores_learner_tensorflow"]
     for key in ("learner_tensorflow", "learner_rest"):
