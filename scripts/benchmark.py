@@ -1097,7 +1097,7 @@ def live_over_pieces(end_to_end: Mapping[str, Any], pieces: Mapping[str, Mapping
     process's other threads: gRPC ingest, batching, publishing, the training loop's Python).
     With the machine's CPU measured, ``other_processes`` is what the rest of the machine used
     (the benchmark's own sampling, system daemons) and, given ``cores``, ``stolen`` (the
-    hypervisor's) and ``idle`` (cores no process used): then ``env``, ``policy``,
+    hypervisor's, when measured) and ``idle`` (cores no process used): then ``env``, ``policy``,
     ``actor_pipeline``, ``learner``, ``other_processes``, ``stolen`` and ``idle`` sum to the
     whole gap, ``cores`` ms per agent step at the end-to-end rate less the ceiling's.
     Empty without the actors' reports or the CPU split."""
@@ -1124,8 +1124,10 @@ def live_over_pieces(end_to_end: Mapping[str, Any], pieces: Mapping[str, Mapping
         machine_ms = 1e3 * end_to_end["cores_machine"] / rate
         gaps["other_processes"] = machine_ms - actors_ms - learner_ms
         if cores:
-            stolen_ms = 1e3 * end_to_end.get("cores_stolen", 0.0) / rate
-            gaps["stolen"] = stolen_ms
+            # Without a steal figure (no /proc/stat column) its time stays inside ``idle``.
+            stolen_ms = 0.0
+            if "cores_stolen" in end_to_end:
+                stolen_ms = gaps["stolen"] = 1e3 * end_to_end["cores_stolen"] / rate
             gaps["idle"] = 1e3 * cores / rate - machine_ms - stolen_ms
     return gaps
 

@@ -996,6 +996,10 @@ def test_live_over_pieces_sets_the_actors_reports_and_process_cpu_beside_the_pie
                                    "other_processes": 0.3, "stolen": 0.05, "idle": 0.15})
     ceiling = bench.ceiling_agent_steps_per_s(1000.0, 5000.0, 2500.0, 2.5)
     assert sum(whole.values()) == pytest.approx(2.5e3 / e2e["agent_steps_per_s"] - 2.5e3 / ceiling)
+    # Without a steal figure none is reported: its time stays in idle, and the terms still add up.
+    unstolen = bench.live_over_pieces({**e2e, "cores_machine": 2.3}, pieces, cores=2.5)
+    assert "stolen" not in unstolen and unstolen["idle"] == pytest.approx(0.2)
+    assert sum(unstolen.values()) == pytest.approx(sum(whole.values()))
     # Without the cores only the rest of the machine is known.
     assert bench.live_over_pieces({**e2e, "cores_machine": 2.3}, pieces)["other_processes"] == pytest.approx(0.3)
     assert "idle" not in bench.live_over_pieces({**e2e, "cores_machine": 2.3}, pieces)
