@@ -244,6 +244,13 @@ def measure(workload: str, envs: int, seconds: float, unroll_length: int = 20, r
 
 def main(argv=None) -> int:
     sys.path[:0] = [str(SCRIPTS), str(REPO)]
+    # One thread (llvmpipe in it), like the benchmark's ceiling pieces and the launcher's actor processes: set
+    # before NumPy or MuJoCo is imported, and so before impala_rep.flags, which imports NumPy (through
+    # impala_rep.specs): after it, OpenBLAS had already started a thread per core.
+    from impala_rep.plan import ACTOR_THREAD_ENV
+
+    os.environ.update(ACTOR_THREAD_ENV)
+    os.environ.setdefault("MUJOCO_GL", "egl")
     from impala_rep.flags import positive_float
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -269,12 +276,6 @@ def main(argv=None) -> int:
     malloc = "system"
     if args.malloc == "reuse":
         malloc = "reuse" if keep_freed_memory() else "system (not glibc, or mallopt refused)"
-    # One thread (llvmpipe in it), like the benchmark's ceiling pieces and the launcher's actor processes (set
-    # before NumPy or MuJoCo is imported).
-    from impala_rep.plan import ACTOR_THREAD_ENV
-
-    os.environ.update(ACTOR_THREAD_ENV)
-    os.environ.setdefault("MUJOCO_GL", "egl")
     try:
         result = measure(args.workload, args.envs, args.seconds, args.unroll_length, args.refresh,
                          evict_mb=args.evict_mb, alternation=args.alternation)

@@ -149,11 +149,13 @@ def _bench_once(env_id: str, preset: str, fast_repeat: bool, fast_reward: bool, 
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    # Before parse_args: its impala_rep.flags imports NumPy (through impala_rep.specs), and OpenBLAS
+    # reads its thread count when NumPy loads.
     from impala_rep.plan import ACTOR_THREAD_ENV
 
     for name, value in ACTOR_THREAD_ENV.items():
         os.environ.setdefault(name, value)
+    args = parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     import envs
