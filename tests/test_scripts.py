@@ -831,6 +831,54 @@ def test_bench_envs_measures_each_setting_of_an_env_option(flag, key):
     assert all(r["render"] == "fast" and r["agent_steps"] == 8 and r["agent_steps_per_cpu_s"] > 0 for r in results)
 
 
+# ----------------------------------------------------------------------------- one thread before NumPy
+
+# Records the BLAS/OpenMP thread settings at the moment NumPy is first imported (OpenBLAS reads its
+# thread count then), runs one entry point's start, and prints what it saw.
+_THREADS_AT_NUMPY = r"""
+import importlib, importlib.abc, json, os, sys
+seen = {}
+class _Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "numpy" and not seen:
+            seen.update({k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+        return None
+sys.meta_path.insert(0, _Watch())
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+entry = sys.argv[3]
+class _Stop(BaseException):
+    pass
+def _stop(*args, **kwargs):
+    raise _Stop()
+if entry == "actors.run":
+    import actors.run
+else:  # a bench's main, stopped where its timing would start
+    stub, argv = {"bench_actor": ("measure", ["--seconds", "1"]),
+                  "bench_envs": ("bench", ["--tasks", "dmc/cartpole-swingup"])}[entry]
+    module = importlib.import_module(entry)
+    setattr(module, stub, _stop)
+    try:
+        module.main(argv)
+    except _Stop:
+        pass
+import numpy
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("entry", ["actors.run", "bench_actor", "bench_envs"])
+def test_entry_points_with_one_thread_set_it_before_numpy_is_imported(entry):
+    # The actor processes and the benches that time their pieces promise one BLAS thread; set after
+    # NumPy's import it does nothing, and OpenBLAS spins a thread per core (bench_actor's loop CPU
+    # counted it: 0.53 against 0.26 ms per agent step for its parts).
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    proc = subprocess.run([sys.executable, "-c", _THREADS_AT_NUMPY, str(SCRIPTS), str(SCRIPTS.parent), entry],
+                          capture_output=True, text=True, timeout=120, cwd=str(SCRIPTS.parent), env=env)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, seen
+
+
 # ----------------------------------------------------------------------------- bench_actor.py
 
 
