@@ -808,7 +808,7 @@ def test_scripts_have_no_import_time_side_effects():
         "import os, sys, importlib.util\n"
         "before = dict(os.environ)\n"
         f"sys.path.insert(0, {str(SCRIPTS)!r})\n"
-        "import benchmark, plot_curves, bench_actor\n"
+        "import benchmark, plot_curves, bench_actor, benchmark_tally\n"
         "assert dict(os.environ) == before\n"
         "assert 'tensorflow' not in sys.modules and 'matplotlib' not in sys.modules and 'dm_env' not in sys.modules\n"
         "print('ok')\n"
@@ -1172,3 +1172,94 @@ def test_bench_ingest_sends_batched_messages_as_the_actors_do():
     # The learner got batches of 4 (the window's edges can cut a message between its unrolls).
     assert abs(result["unrolls_per_message_received"] - 4) < 1
     assert result["unrolls_per_s"] > 0 and result["batches_per_s"] > 0
+
+
+# ----------------------------------------------------------------------------- benchmark_tally.py
+
+tally = _load("benchmark_tally")
+DOCS = SCRIPTS.parent / "docs"
+
+
+@pytest.mark.parametrize("folder, number", [
+    ("first-session", 1), ("eleventh-session", 11), ("nineteenth-session", 19), ("twentieth-session", 20),
+    ("forty-seventh-session", 47), ("ninetieth-session", 90), ("ninety-second-session", 92),
+    ("ninety-second", None), ("notes-session", None), ("ninety-tenth-session", None),
+])
+def test_tally_reads_the_session_from_the_folder_name(folder, number):
+    assert tally.session_number(folder) == number
+
+
+def _bench_json(path, **ratios):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"results": [{"workload": w.replace("_", "/"), "ratio_to_ceiling": r}
+                                            for w, r in ratios.items()]}))
+
+
+def test_tally_counts_runs_at_the_target_as_printed_and_leaves_out_the_listed_files(tmp_path):
+    _bench_json(tmp_path / "forty-sixth-session" / "a.json", synthetic=0.99)  # before --since
+    _bench_json(tmp_path / "forty-seventh-session" / "a.json", synthetic=0.8496, dmc_cartpole=0.70)
+    _bench_json(tmp_path / "forty-seventh-session" / "b.json", synthetic=0.95)  # listed: not counted
+    _bench_json(tmp_path / "ninetieth-session" / "c.json", synthetic=0.80, dmc_cartpole=0.90)
+    (tmp_path / "ninetieth-session" / "launch.json").write_text(json.dumps([{"agent_steps_per_s": 1.0}]))
+    (tmp_path / "not-counted.txt").write_text("# comment\nforty-seventh-session/b.json  slowed on purpose\n")
+    result = tally.tally(tally.collect(tmp_path, since=47), target=0.85)
+    # 0.8496 prints as 0.850, and the documents count what they print.
+    assert result["synthetic"]["runs"] == 2 and result["synthetic"]["met"] == 1
+    assert result["synthetic"]["lowest"]["ratio"] == 0.8 and result["synthetic"]["lowest"]["session"] == 90
+    assert result["dmc/cartpole"] == {
+        "runs": 2, "met": 1,
+        "lowest": {"ratio": 0.7, "session": 47, "file": "forty-seventh-session/a.json"},
+        "highest": {"ratio": 0.9, "session": 90, "file": "ninetieth-session/c.json"}}
+    assert tally.tally(tally.collect(tmp_path, since=47, until=47), 0.85)["synthetic"]["runs"] == 1
+
+
+def test_tally_prints_one_line_per_workload_and_json(tmp_path, capsys):
+    _bench_json(tmp_path / "ninetieth-session" / "c.json", synthetic=0.80, dmc_cartpole=0.90)
+    assert tally.main(["--root", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "synthetic: at or past 0.85 in 0 of 1 runs since session 47; 0.800 (session 90) to 0.800 (session 90)",
+        "dmc/cartpole: at or past 0.85 in 1 of 1 runs since session 47; 0.900 (session 90) to 0.900 (session 90)"]
+    assert tally.main(["--root", str(tmp_path), "--since", "91", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workloads"] == {}
+
+
+@pytest.mark.parametrize("listing, message", [
+    ("forty-seventh-session/a.json\n", "give the reason the run is not counted after its path"),
+    ("forty-seventh-session/gone.json  moved\n", "forty-seventh-session/gone.json is not a file under"),
+])
+def test_tally_not_counted_list_errors_are_sentences(tmp_path, capsys, listing, message):
+    _bench_json(tmp_path / "forty-seventh-session" / "a.json", synthetic=0.8)
+    (tmp_path / "not-counted.txt").write_text(listing)
+    assert tally.main(["--root", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--target", "1.5"], "--target 1.5 is a ratio to the ceiling; give one in (0, 1]."),
+    (["--since", "50", "--until", "49"], "--since 50 and --until 49 give no sessions"),
+    (["--root", "/nonexistent/benchmarks"], "is not a folder; pass the folder that holds the session folders"),
+])
+def test_tally_flag_errors_are_sentences(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        tally.parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_documents_tallies_are_the_stored_runs_tallies():
+    # The README's table and BENCHMARKS.md's newest section give the count of runs at 0.85 since
+    # the forty-seventh session, counted by hand each session; they must be what the stored JSONs say.
+    import re
+
+    counted = tally.tally(tally.collect(DOCS / "benchmarks", since=47), target=0.85)
+    synthetic, cartpole = counted["synthetic"], counted["dmc/cartpole-swingup"]
+    readme = (SCRIPTS.parent / "README.md").read_text()
+    for workload, entry in (("synthetic", synthetic), ("dmc/cartpole-swingup", cartpole)):
+        row = re.search(rf"^\| `{re.escape(workload)}` \|.*\| (0\.\d{{3}})-(0\.\d{{3}}); at or past 0\.85 in "
+                        rf"(\d+) of (\d+) runs", readme, re.M)
+        assert row, f"the README's throughput row for {workload} is not where this test looks"
+        assert (float(row[1]), float(row[2]), int(row[3]), int(row[4])) == (
+            entry["lowest"]["ratio"], entry["highest"]["ratio"], entry["met"], entry["runs"]), workload
+    newest = re.search(r"Tallies since the forty-seventh session: synthetic at or past\s+0\.85 in (\d+) of "
+                       r"(\d+) runs,\s+cartpole in (\d+) of (\d+)", (DOCS / "BENCHMARKS.md").read_text())
+    assert newest, "docs/BENCHMARKS.md has no tally sentence where this test looks"
+    assert tuple(map(int, newest.groups())) == (synthetic["met"], synthetic["runs"], cartpole["met"], cartpole["runs"])

@@ -1,0 +1,161 @@
+#!/usr/bin/env python
+"""Tally the stored benchmark runs: how often each workload met the ratio target.
+
+Reads every ``scripts/benchmark.py --json`` output kept under ``docs/benchmarks/`` (one folder
+per session, named ``ninety-second-session`` and so on), takes the sessions from ``--since``
+on, leaves out the files that ``docs/benchmarks/not-counted.txt`` names (runs measuring
+something else: a learner slowed on purpose, a build before the change the tally starts at),
+and prints per workload the number of runs, how many reached ``--target`` of the ceiling,
+and the lowest and highest ratio with the session of each. The README's and
+``docs/BENCHMARKS.md``'s tallies are this script's output; the test suite checks them.
+
+Usage::
+
+    python scripts/benchmark_tally.py                 # since the forty-seventh session
+    python scripts/benchmark_tally.py --since 85 --until 92 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+_UNITS = ("first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth "
+          "thirteenth fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth").split()
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
+         "eighty": 80, "ninety": 90}
+_TENS_ORDINAL = {"twentieth": 20, "thirtieth": 30, "fortieth": 40, "fiftieth": 50,
+                 "sixtieth": 60, "seventieth": 70, "eightieth": 80, "ninetieth": 90}
+NOT_COUNTED = "not-counted.txt"
+
+
+def session_number(folder: str) -> int | None:
+    """The session a folder such as ``ninety-second-session`` holds, or None for another name."""
+    if not folder.endswith("-session"):
+        return None
+    words = folder[: -len("-session")]
+    if words in _UNITS:
+        return _UNITS.index(words) + 1
+    if words in _TENS_ORDINAL:
+        return _TENS_ORDINAL[words]
+    tens, _, unit = words.partition("-")
+    if tens in _TENS and unit in _UNITS[:9]:
+        return _TENS[tens] + _UNITS.index(unit) + 1
+    return None
+
+
+def read_not_counted(root: Path) -> dict[str, str]:
+    """``{relative path: reason}`` from the root's not-counted list (``path  reason`` lines)."""
+    path = root / NOT_COUNTED
+    if not path.exists():
+        return {}
+    entries = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, reason = line.partition(" ")
+        if not reason.strip():
+            raise ValueError(f"{path}, line {number}: give the reason the run is not counted "
+                             f"after its path ('{name}  <reason>').")
+        if not (root / name).is_file():
+            raise ValueError(f"{path}, line {number}: {name} is not a file under {root}; "
+                             "fix the path or remove the line.")
+        entries[name] = reason.strip()
+    return entries
+
+
+def collect(root: Path, since: int, until: int | None = None) -> list[dict]:
+    """Every counted run's ratio: ``{session, file, workload, ratio}``, oldest session first."""
+    skip = read_not_counted(root)
+    runs = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        number = session_number(folder.name)
+        if number is None or number < since or (until is not None and number > until):
+            continue
+        for path in sorted(folder.glob("*.json")):
+            name = f"{folder.name}/{path.name}"
+            if name in skip:
+                continue
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path} is not valid JSON ({error}); restore it from git or "
+                                 f"list it in {root / NOT_COUNTED}.") from None
+            if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+                continue  # another script's output (a launcher run, a GPU piece), not a benchmark
+            for result in data["results"]:
+                if "ratio_to_ceiling" in result:
+                    runs.append({"session": number, "file": name, "workload": result["workload"],
+                                 "ratio": float(result["ratio_to_ceiling"])})
+    runs.sort(key=lambda run: (run["session"], run["file"]))
+    return runs
+
+
+def tally(runs: list[dict], target: float) -> dict[str, dict]:
+    """Per workload: runs, runs at or past the target (ratios rounded to 3 places, as
+    printed), and the lowest and highest ratio with their sessions."""
+    out: dict[str, dict] = {}
+    for run in runs:
+        ratio = round(run["ratio"], 3)
+        entry = out.setdefault(run["workload"], {"runs": 0, "met": 0, "lowest": None,
+                                                 "highest": None})
+        entry["runs"] += 1
+        entry["met"] += ratio >= target
+        if entry["lowest"] is None or ratio < entry["lowest"]["ratio"]:
+            entry["lowest"] = {"ratio": ratio, "session": run["session"], "file": run["file"]}
+        if entry["highest"] is None or ratio > entry["highest"]["ratio"]:
+            entry["highest"] = {"ratio": ratio, "session": run["session"], "file": run["file"]}
+    return out
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent
+                        / "docs" / "benchmarks", help="the folder of session folders")
+    parser.add_argument("--since", type=int, default=47,
+                        help="the first session counted (default 47: the learner change)")
+    parser.add_argument("--until", type=int, default=None, help="the last session counted")
+    parser.add_argument("--target", type=float, default=0.85,
+                        help="the ratio to the ceiling a run must reach (default 0.85)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if not args.root.is_dir():
+        parser.error(f"--root {args.root} is not a folder; pass the folder that holds the "
+                     "session folders (docs/benchmarks).")
+    if args.since < 1 or (args.until is not None and args.until < args.since):
+        parser.error(f"--since {args.since} and --until {args.until} give no sessions; "
+                     "--since is at least 1 and --until at least --since.")
+    if not 0 < args.target <= 1:
+        parser.error(f"--target {args.target} is a ratio to the ceiling; give one in (0, 1].")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        runs = collect(args.root, args.since, args.until)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result = tally(runs, args.target)
+    if args.json:
+        print(json.dumps({"since": args.since, "until": args.until, "target": args.target,
+                          "workloads": result}, indent=2))
+        return 0
+    span = f"sessions {args.since}-{args.until}" if args.until else f"since session {args.since}"
+    if not result:
+        print(f"no benchmark runs stored {span} under {args.root}")
+        return 0
+    for workload, entry in result.items():
+        low, high = entry["lowest"], entry["highest"]
+        print(f"{workload}: at or past {args.target:g} in {entry['met']} of {entry['runs']} runs "
+              f"{span}; {low['ratio']:.3f} (session {low['session']}) to {high['ratio']:.3f} "
+              f"(session {high['session']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
