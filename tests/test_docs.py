@@ -1,0 +1,122 @@
+"""The figures the README and docs/BENCHMARKS.md derive by hand, recomputed from what they rest on.
+
+Each session adds benchmark runs and seed pairs and updates the counts, means and tests by hand;
+these tests fail when a derived figure no longer follows from its data: the throughput tallies
+from the stored benchmark JSONs, and the seed-pair summaries from the pair rows above them.
+"""
+
+import importlib.util
+import itertools
+import math
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _tally_module():
+    spec = importlib.util.spec_from_file_location("_impala_scripts_benchmark_tally",
+                                                  ROOT / "scripts" / "benchmark_tally.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_throughput_tallies_are_the_stored_runs_tallies():
+    # The README's table and BENCHMARKS.md's newest section count the runs at 0.85 since the
+    # forty-seventh session; scripts/benchmark_tally.py counts the stored JSONs.
+    tally = _tally_module()
+    counted = tally.tally(tally.collect(ROOT / "docs" / "benchmarks", since=47), target=0.85)
+    synthetic, cartpole = counted["synthetic"], counted["dmc/cartpole-swingup"]
+    for workload, entry in (("synthetic", synthetic), ("dmc/cartpole-swingup", cartpole)):
+        row = re.search(rf"^\| `{re.escape(workload)}` \|.*\| (0\.\d{{3}})-(0\.\d{{3}}); at or past 0\.85 in "
+                        rf"(\d+) of (\d+) runs", README, re.M)
+        assert row, f"the README's throughput row for {workload} is not where this test looks"
+        assert (float(row[1]), float(row[2]), int(row[3]), int(row[4])) == (
+            entry["lowest"]["ratio"], entry["highest"]["ratio"], entry["met"], entry["runs"]), workload
+    newest = re.search(r"Tallies since the forty-seventh session: synthetic at or past\s+0\.85 in (\d+) of "
+                       r"(\d+) runs,\s+cartpole in (\d+) of (\d+)", (ROOT / "docs" / "BENCHMARKS.md").read_text())
+    assert newest, "docs/BENCHMARKS.md has no tally sentence where this test looks"
+    assert tuple(map(int, newest.groups())) == (synthetic["met"], synthetic["runs"], cartpole["met"], cartpole["runs"])
+
+
+# ----------------------------------------------------------------------------- seed pairs
+
+
+def wilcoxon_two_sided(differences):
+    """Exact two-sided p of the Wilcoxon signed-rank test, by enumerating every sign pattern
+    (mid-ranks for tied sizes); zero differences are an error, not dropped."""
+    if any(d == 0 for d in differences):
+        raise ValueError("a zero difference has no sign")
+    sizes = sorted(abs(d) for d in differences)
+    rank = {}
+    for size in set(sizes):
+        positions = [i + 1 for i, s in enumerate(sizes) if s == size]
+        rank[size] = sum(positions) / len(positions)
+    ranks = [rank[abs(d)] for d in differences]
+    observed = sum(r for r, d in zip(ranks, differences) if d < 0)
+    observed = min(observed, sum(ranks) - observed)
+    at_most = sum(1 for signs in itertools.product((0, 1), repeat=len(ranks))
+                  if sum(r for r, s in zip(ranks, signs) if s) <= observed + 1e-9)
+    return min(1.0, 2 * at_most / 2 ** len(ranks))
+
+
+def test_wilcoxon_matches_the_tables_of_the_exact_test():
+    # n = 8 with one negative of rank 1: W = 1, P(W <= 1) = 2/256 one-sided.
+    assert wilcoxon_two_sided([5, 6, 7, 8, 9, 10, 11, -1]) == pytest.approx(4 / 256)
+    # All one sign: the smallest p n allows, 2 / 2^n.
+    assert wilcoxon_two_sided([1, 2, 3, 4, 5]) == pytest.approx(2 / 32)
+    # Symmetric about zero: p = 1.
+    assert wilcoxon_two_sided([1, -1, 2, -2]) == 1.0
+    with pytest.raises(ValueError):
+        wilcoxon_two_sided([1, 0, 2])
+
+
+def _number(cell):
+    # "**896.8 ± 24.8**" -> 896.8; "−8.8" (a minus sign) -> -8.8
+    return float(cell.replace("**", "").split("±")[0].replace("−", "-").strip())
+
+
+def _pair_rows(task):
+    """The README pair table's rows for one task: (with $F, the default, $F ahead by, bold F,
+    bold default), and its summary row's cells."""
+    rows, summary = [], None
+    for line in README.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith(("| " + task, "| **" + task)):
+            continue
+        if re.fullmatch(rf"\*\*{task}, \d+ pairs\*\*", cells[0]):
+            summary = cells
+        else:
+            rows.append((_number(cells[2]), _number(cells[3]), _number(cells[4]),
+                         cells[2].startswith("**"), cells[3].startswith("**")))
+    return rows, summary
+
+
+@pytest.mark.parametrize("task", ["walker-walk", "cheetah-run"])
+def test_the_seed_pair_summaries_follow_from_the_pair_rows(task):
+    rows, summary = _pair_rows(task)
+    assert len(rows) >= 2 and summary, f"the README's seed-pair table for {task} is not where this test looks"
+    for f, d, ahead, f_bold, d_bold in rows:
+        assert ahead == pytest.approx(f - d, abs=0.051), (task, f, d, ahead)
+        assert (f_bold, d_bold) == (f > d, d > f), f"the higher 30-episode mean is the bold one: {f}, {d}"
+    differences = [ahead for _, _, ahead, _, _ in rows]
+    count = int(re.match(rf"\*\*{task}, (\d+) pairs\*\*", summary[0])[1])
+    assert count == len(rows)
+    assert _number(summary[2]) == round(statistics.fmean(f for f, *_ in rows), 1)
+    assert _number(summary[3]) == round(statistics.fmean(d for _, d, *_ in rows), 1)
+    stated = re.fullmatch(r"(?:\*\*)?([+−-][\d.]+)(?:\*\*)? \(sd ([\d.]+): t = ([\d.]+), Wilcoxon p = ([\d.]+)\)",
+                          summary[4])
+    assert stated, summary[4]
+    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
+    assert _number(stated[1]) == pytest.approx(round(mean, 1), abs=0.051)
+    assert float(stated[2]) == pytest.approx(round(sd, 1), abs=0.051)
+    assert float(stated[3]) == pytest.approx(round(mean / (sd / math.sqrt(len(rows))), 2), abs=0.0051)
+    places = len(stated[4].split(".")[1])
+    assert float(stated[4]) == round(wilcoxon_two_sided(differences), places)
+    # The mean difference is bold only when the signed-rank test clears 0.05.
+    assert summary[4].startswith("**") == (wilcoxon_two_sided(differences) < 0.05)
