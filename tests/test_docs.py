@@ -5,7 +5,6 @@ these tests fail when a derived figure no longer follows from its data: the thro
 from the stored benchmark JSONs, and the seed-pair summaries from the pair rows above them.
 """
 
-import importlib.util
 import itertools
 import math
 import re
@@ -13,23 +12,16 @@ import statistics
 from pathlib import Path
 
 import pytest
+from script_modules import load as load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
-def _tally_module():
-    spec = importlib.util.spec_from_file_location("_impala_scripts_benchmark_tally",
-                                                  ROOT / "scripts" / "benchmark_tally.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_throughput_tallies_are_the_stored_runs_tallies():
     # The README's table and BENCHMARKS.md's newest section count the runs at 0.85 since the
     # forty-seventh session; scripts/benchmark_tally.py counts the stored JSONs.
-    tally = _tally_module()
+    tally = load_script("benchmark_tally")
     counted = tally.tally(tally.collect(ROOT / "docs" / "benchmarks", since=47), target=0.85)
     synthetic, cartpole = counted["synthetic"], counted["dmc/cartpole-swingup"]
     for workload, entry in (("synthetic", synthetic), ("dmc/cartpole-swingup", cartpole)):

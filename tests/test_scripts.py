@@ -6,7 +6,6 @@ is its manual smoke test (about 30 s).
 """
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,17 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from script_modules import load as _load  # tests/ is on sys.path (its conftest.py), as for plugin_envs
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"_impala_scripts_{name}", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
 
 bench = _load("benchmark")
 curves = _load("plot_curves")
