@@ -97,18 +97,15 @@ def collect(root: Path, since: int, until: int | None = None) -> list[dict]:
 def tally(runs: list[dict], target: float) -> dict[str, dict]:
     """Per workload: runs, runs at or past the target (ratios rounded to 3 places, as
     printed), and the lowest and highest ratio with their sessions."""
-    out: dict[str, dict] = {}
+    by_workload: dict[str, list[dict]] = {}
     for run in runs:
-        ratio = round(run["ratio"], 3)
-        entry = out.setdefault(run["workload"], {"runs": 0, "met": 0, "lowest": None,
-                                                 "highest": None})
-        entry["runs"] += 1
-        entry["met"] += ratio >= target
-        if entry["lowest"] is None or ratio < entry["lowest"]["ratio"]:
-            entry["lowest"] = {"ratio": ratio, "session": run["session"], "file": run["file"]}
-        if entry["highest"] is None or ratio > entry["highest"]["ratio"]:
-            entry["highest"] = {"ratio": ratio, "session": run["session"], "file": run["file"]}
-    return out
+        by_workload.setdefault(run["workload"], []).append(
+            {"ratio": round(run["ratio"], 3), "session": run["session"], "file": run["file"]})
+    # min and max keep the first of equal ratios, the oldest (runs come oldest first).
+    return {workload: {"runs": len(entries), "met": sum(e["ratio"] >= target for e in entries),
+                       "lowest": min(entries, key=lambda e: e["ratio"]),
+                       "highest": max(entries, key=lambda e: e["ratio"])}
+            for workload, entries in by_workload.items()}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
