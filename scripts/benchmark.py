@@ -887,15 +887,21 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def machine_info() -> Dict[str, Any]:
+def machine_info(cpuinfo: str = "/proc/cpuinfo", meminfo: str = "/proc/meminfo") -> Dict[str, Any]:
     info: Dict[str, Any] = {"cores": available_cores(), "python": platform.python_version(),
                             "platform": platform.platform()}
     try:
-        with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), None)
-        if model:
-            info["cpu"] = model
-        with open("/proc/meminfo") as f:
+        with open(cpuinfo) as f:
+            first = f.read().split("\n\n", 1)[0]  # the first processor's block
+        fields = {key.strip(): value.strip() for key, _, value in
+                  (line.partition(":") for line in first.splitlines())}
+        if fields.get("model name"):
+            info["cpu"] = fields["model name"]
+        # Family and model name the host kind that docs/benchmarks/hosts.txt records per session.
+        for key, name in (("cpu family", "cpu_family"), ("model", "cpu_model")):
+            if fields.get(key, "").isdigit():
+                info[name] = int(fields[key])
+        with open(meminfo) as f:
             total = next((int(l.split()[1]) for l in f if l.startswith("MemTotal:")), None)
         if total:
             info["memory_gib"] = round(total / 2 ** 20, 1)

@@ -18,25 +18,47 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
+def _sessions(listing):
+    """``47-51, 77`` -> [47, 48, 49, 50, 51, 77]."""
+    sessions = []
+    for part in listing.split(","):
+        first, _, last = part.strip().partition("-")
+        sessions.extend(range(int(first), int(last or first) + 1))
+    return sessions
+
+
 def test_the_throughput_tallies_are_the_stored_runs_tallies():
-    # The README's table counts the runs at 0.85 on the model-167 host (every session since the
-    # eighty-fifth) and since the forty-seventh session, in its last two columns, and
-    # BENCHMARKS.md's newest section the latter; scripts/benchmark_tally.py counts the stored JSONs.
+    # The README's table counts the runs at 0.85 per host kind (docs/benchmarks/hosts.txt) and
+    # since the forty-seventh session, and BENCHMARKS.md's newest section the latter;
+    # scripts/benchmark_tally.py counts the stored JSONs.
     tally = load_script("benchmark_tally")
-    runs = tally.collect(ROOT / "docs" / "benchmarks", since=47)
+    root = ROOT / "docs" / "benchmarks"
+    runs = tally.collect(root, since=47)
+    hosts = tally.read_hosts(root)
     counted = tally.tally(runs, target=0.85)
-    host = tally.tally([run for run in runs if run["session"] >= 85], target=0.85)
     synthetic, cartpole = counted["synthetic"], counted["dmc/cartpole-swingup"]
-    for workload in ("synthetic", "dmc/cartpole-swingup"):
-        rows = [row for row in re.findall(rf"^\| `{re.escape(workload)}` \|(.*)\|$", README, re.M)
-                if "at or past 0.85 in" in row]
-        assert len(rows) == 1, f"the README's throughput row for {workload} is not where this test looks"
-        cells = [cell.strip() for cell in rows[0].split("|")]
-        for cell, entry in zip(cells[-2:], (host[workload], counted[workload])):
-            found = re.match(r"(0\.\d{3})-(0\.\d{3}); at or past 0\.85 in (\d+) of (\d+) runs", cell)
+    header = "| host kind (`--host`), sessions | `synthetic` | `dmc/cartpole-swingup` |"
+    assert header in README, "the README's throughput table is not where this test looks"
+    rows = re.findall(r"^\| (.*?) \| (.*?) \| (.*?) \|$", README.split(header, 1)[1].split("\n\n", 1)[0], re.M)
+    seen = set()
+    for label, *cells in rows:
+        found = re.fullmatch(r".*\(`(\w+)`\), sessions ([\d, -]+)", label)
+        if found:
+            kind = found[1]
+            seen.add(kind)
+            # The sessions the row names are hosts.txt's for that kind (those since the 47th).
+            assert _sessions(found[2]) == sorted(s for s, h in hosts.items() if h["kind"] == kind and s >= 47), label
+            entries = tally.tally([run for run in runs if run["host"] == kind], target=0.85)
+        else:
+            assert label == "every run since session 47", label
+            entries = counted
+        for workload, cell in zip(("synthetic", "dmc/cartpole-swingup"), cells):
+            found = re.match(r"(0\.\d{3})-(0\.\d{3}), mean (0\.\d{3}); at or past 0\.85 in (\d+) of (\d+) runs", cell)
             assert found, f"the README's throughput cell {cell!r} is not in the form this test reads"
-            assert (float(found[1]), float(found[2]), int(found[3]), int(found[4])) == (
-                entry["lowest"]["ratio"], entry["highest"]["ratio"], entry["met"], entry["runs"]), (workload, cell)
+            entry = entries[workload]
+            assert (float(found[1]), float(found[2]), float(found[3]), int(found[4]), int(found[5])) == (
+                entry["lowest"]["ratio"], entry["highest"]["ratio"], entry["mean"], entry["met"], entry["runs"]), (label, cell)
+    assert seen == {run["host"] for run in runs}, "the README's table leaves out a host kind with stored runs"
     # Each benchmark section ends with the tally after its runs; the latest counts the most runs.
     sentences = re.findall(r"Tallies\s+since\s+the\s+forty-seventh\s+session:\s+synthetic\s+at\s+or\s+past\s+0\.85\s+in\s+"
                            r"(\d+)\s+of\s+(\d+)\s+runs,\s+cartpole\s+in\s+(\d+)\s+of\s+(\d+)", (ROOT / "docs" / "BENCHMARKS.md").read_text())

@@ -127,6 +127,18 @@ def test_machine_cpu_seconds_keeps_stolen_time_out_of_busy_time(tmp_path, monkey
     assert busy == pytest.approx((100 + 20 + 30 + 5 + 5) / 10) and stolen == pytest.approx(6.0)
 
 
+def test_machine_info_records_the_first_processors_family_and_model(tmp_path):
+    # The host kind docs/benchmarks/hosts.txt checks each stored run against.
+    cpuinfo, meminfo = tmp_path / "cpuinfo", tmp_path / "meminfo"
+    block = "processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {m}\nmodel name\t: AMD EPYC\n"
+    cpuinfo.write_text(block.format(n=0, m=17) + "\n" + block.format(n=1, m=99))
+    meminfo.write_text("MemTotal:       24641536 kB\nMemFree:  1 kB\n")
+    info = bench.machine_info(str(cpuinfo), str(meminfo))
+    assert (info["cpu"], info["cpu_family"], info["cpu_model"], info["memory_gib"]) == ("AMD EPYC", 25, 17, 23.5)
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: some ARM core\n")  # no family or model line
+    assert "cpu_family" not in bench.machine_info(str(cpuinfo), str(meminfo))
+
+
 def test_with_stolen_adds_the_hypervisors_share_of_a_piece(monkeypatch):
     readings = iter([(0.0, 10.0), (0.0, 10.5)])
     clock = iter([100.0, 102.0])
@@ -1196,8 +1208,9 @@ def test_tally_counts_runs_at_the_target_as_printed_and_leaves_out_the_listed_fi
     # 0.8496 prints as 0.850, and the documents count what they print.
     assert result["synthetic"]["runs"] == 2 and result["synthetic"]["met"] == 1
     assert result["synthetic"]["lowest"]["ratio"] == 0.8 and result["synthetic"]["lowest"]["session"] == 90
+    assert result["synthetic"]["mean"] == 0.825  # of the ratios as printed, 0.850 and 0.800
     assert result["dmc/cartpole"] == {
-        "runs": 2, "met": 1,
+        "runs": 2, "met": 1, "mean": 0.8,
         "lowest": {"ratio": 0.7, "session": 47, "file": "forty-seventh-session/a.json"},
         "highest": {"ratio": 0.9, "session": 90, "file": "ninetieth-session/c.json"}}
     assert tally.tally(tally.collect(tmp_path, since=47, until=47), 0.85)["synthetic"]["runs"] == 1
@@ -1207,10 +1220,66 @@ def test_tally_prints_one_line_per_workload_and_json(tmp_path, capsys):
     _bench_json(tmp_path / "ninetieth-session" / "c.json", synthetic=0.80, dmc_cartpole=0.90)
     assert tally.main(["--root", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "synthetic: at or past 0.85 in 0 of 1 runs since session 47; 0.800 (session 90) to 0.800 (session 90)",
-        "dmc/cartpole: at or past 0.85 in 1 of 1 runs since session 47; 0.900 (session 90) to 0.900 (session 90)"]
+        "synthetic: at or past 0.85 in 0 of 1 runs since session 47; 0.800 (session 90) to 0.800 (session 90), mean 0.800",
+        "dmc/cartpole: at or past 0.85 in 1 of 1 runs since session 47; 0.900 (session 90) to 0.900 (session 90), mean 0.900"]
     assert tally.main(["--root", str(tmp_path), "--since", "91", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["workloads"] == {}
+
+
+def _hosts(root, text):
+    (root / "hosts.txt").write_text("# sessions kind family model description\n" + text)
+
+
+def test_tally_counts_one_host_kind_and_checks_recorded_cpus_against_the_hosts_list(tmp_path, capsys):
+    _bench_json(tmp_path / "forty-seventh-session" / "a.json", synthetic=0.90)
+    _bench_json(tmp_path / "forty-eighth-session" / "a.json", synthetic=0.80)
+    # A run that records its CPU, as scripts/benchmark.py does now.
+    recorded = tmp_path / "ninetieth-session" / "c.json"
+    recorded.parent.mkdir()
+    recorded.write_text(json.dumps({"machine": {"cpu_family": 25, "cpu_model": 17},
+                                    "results": [{"workload": "synthetic", "ratio_to_ceiling": 0.70}]}))
+    _hosts(tmp_path, "47  zen3  25  1  AMD EPYC, Zen 3\n48  model167  6  167  Intel\n"
+                     "90  zen3  25  1  AMD EPYC, Zen 3\n")
+    with pytest.raises(ValueError, match="ran on CPU family 25 model 17, but .* gives session 90 the zen3 host "
+                                         r"\(family 25 model 1\); correct the line for session 90"):
+        tally.collect(tmp_path, since=47)
+    _hosts(tmp_path, "47  zen3  25  1  AMD EPYC, Zen 3\n48  model167  6  167  Intel\n")
+    with pytest.raises(ValueError, match="session 90 has no line in .*hosts.txt; add one naming its host kind"):
+        tally.collect(tmp_path, since=47)
+    _hosts(tmp_path, "47  zen3  25  1  AMD EPYC, Zen 3\n48  model167  6  167  Intel\n"
+                     "89-90  zen4  25  17  AMD EPYC, Zen 4\n")
+    runs = tally.collect(tmp_path, since=47)
+    assert [(run["session"], run["host"]) for run in runs] == [(47, "zen3"), (48, "model167"), (90, "zen4")]
+    assert [run["ratio"] for run in tally.collect(tmp_path, since=47, host="zen4")] == [0.70]
+    assert [run["session"] for run in tally.collect(tmp_path, since=48, host="zen3")] == []
+    assert tally.main(["--root", str(tmp_path), "--host", "zen3"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "synthetic: at or past 0.85 in 1 of 1 runs since session 47 on the zen3 host; 0.900 (session 47) to "
+        "0.900 (session 47), mean 0.900"]
+    assert tally.main(["--root", str(tmp_path), "--host", "zen5"]) == 2
+    assert ("no session in" in (err := capsys.readouterr().err)
+            and "ran on a host kind named 'zen5'; the kinds there: model167, zen3, zen4." in err)
+
+
+@pytest.mark.parametrize("listing, message", [
+    ("47 zen3 25 1\n", "write 'SESSIONS KIND FAMILY MODEL description'"),
+    ("47-46 zen3 25 1 AMD EPYC\n", "write 'SESSIONS KIND FAMILY MODEL description'"),
+    ("47 zen3 family 1 AMD EPYC\n", "write 'SESSIONS KIND FAMILY MODEL description'"),
+    ("47-49 zen3 25 1 AMD EPYC\n49 zen4 25 17 AMD EPYC\n", "session 49 already has a host (zen3)"),
+])
+def test_tally_hosts_list_errors_are_sentences(tmp_path, capsys, listing, message):
+    _bench_json(tmp_path / "forty-seventh-session" / "a.json", synthetic=0.8)
+    _hosts(tmp_path, listing)
+    assert tally.main(["--root", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_stored_hosts_list_gives_every_counted_session_a_kind():
+    # Every benchmark session since the forty-seventh has its host kind, so the per-kind tallies
+    # add up to the whole.
+    root = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+    runs = tally.collect(root, since=47)
+    assert runs and [run["session"] for run in runs if run["host"] is None] == []
 
 
 @pytest.mark.parametrize("listing, message", [
