@@ -71,6 +71,16 @@ def read_not_counted(root: Path) -> dict[str, str]:
     return entries
 
 
+def session_range(text: str) -> range | None:
+    """The sessions ``47`` or ``47-51`` names, or None for anything else (a range must not run
+    backwards)."""
+    first, dash, last = text.partition("-")
+    if not first.isdigit() or (dash and not last.isdigit()):
+        return None
+    sessions = range(int(first), int(last or first) + 1)
+    return sessions or None
+
+
 def read_hosts(root: Path) -> dict[int, dict]:
     """``{session: {kind, family, model, description}}`` from the root's hosts list
     (``SESSIONS KIND FAMILY MODEL description`` lines, SESSIONS one number or FIRST-LAST)."""
@@ -83,13 +93,12 @@ def read_hosts(root: Path) -> dict[int, dict]:
         if not line or line.startswith("#"):
             continue
         fields = line.split(None, 4)
-        first, _, last = fields[0].partition("-")
-        if (len(fields) < 5 or not first.isdigit() or not (last or first).isdigit()
-                or not fields[2].isdigit() or not fields[3].isdigit() or int(last or first) < int(first)):
+        sessions = session_range(fields[0])
+        if len(fields) < 5 or sessions is None or not fields[2].isdigit() or not fields[3].isdigit():
             raise ValueError(f"{path}, line {number}: write 'SESSIONS KIND FAMILY MODEL description', "
                              "SESSIONS one session or FIRST-LAST, FAMILY and MODEL numbers "
                              f"(e.g. '78-84  zen4  25  17  AMD EPYC, Zen 4'), not {line!r}.")
-        for session in range(int(first), int(last or first) + 1):
+        for session in sessions:
             if session in hosts:
                 raise ValueError(f"{path}, line {number}: session {session} already has a host "
                                  f"({hosts[session]['kind']}); give each session one line.")
@@ -118,8 +127,9 @@ def collect(root: Path, since: int, until: int | None = None, host: str | None =
     first; with ``host``, only the runs of sessions ``hosts.txt`` gives that host kind."""
     skip = read_not_counted(root)
     hosts = read_hosts(root)
-    if host is not None and host not in {entry["kind"] for entry in hosts.values()}:
-        known = ", ".join(sorted({entry["kind"] for entry in hosts.values()})) or "none"
+    kinds = {entry["kind"] for entry in hosts.values()}
+    if host is not None and host not in kinds:
+        known = ", ".join(sorted(kinds)) or "none"
         raise ValueError(f"no session in {root / HOSTS} ran on a host kind named {host!r}; "
                          f"the kinds there: {known}.")
     runs = []

@@ -18,15 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
-def _sessions(listing):
-    """``47-51, 77`` -> [47, 48, 49, 50, 51, 77]."""
-    sessions = []
-    for part in listing.split(","):
-        first, _, last = part.strip().partition("-")
-        sessions.extend(range(int(first), int(last or first) + 1))
-    return sessions
-
-
 def test_the_throughput_tallies_are_the_stored_runs_tallies():
     # The README's table counts the runs at 0.85 per host kind (docs/benchmarks/hosts.txt) and
     # since the forty-seventh session, and BENCHMARKS.md's newest section the latter;
@@ -47,7 +38,8 @@ def test_the_throughput_tallies_are_the_stored_runs_tallies():
             kind = found[1]
             seen.add(kind)
             # The sessions the row names are hosts.txt's for that kind (those since the 47th).
-            assert _sessions(found[2]) == sorted(s for s, h in hosts.items() if h["kind"] == kind and s >= 47), label
+            named = [session for part in found[2].split(",") for session in tally.session_range(part.strip())]
+            assert named == sorted(s for s, h in hosts.items() if h["kind"] == kind and s >= 47), label
             entries = tally.tally([run for run in runs if run["host"] == kind], target=0.85)
         else:
             assert label == "every run since session 47", label

@@ -1226,6 +1226,15 @@ def test_tally_prints_one_line_per_workload_and_json(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["workloads"] == {}
 
 
+@pytest.mark.parametrize("text, sessions", [
+    ("47", [47]), ("47-51", [47, 48, 49, 50, 51]), ("47-47", [47]),
+    ("47-46", None), ("47-", None), ("-47", None), ("4x", None), ("47-5x", None),
+])
+def test_tally_reads_a_session_or_a_range_of_sessions(text, sessions):
+    found = tally.session_range(text)
+    assert (None if found is None else list(found)) == sessions
+
+
 def _hosts(root, text):
     (root / "hosts.txt").write_text("# sessions kind family model description\n" + text)
 
