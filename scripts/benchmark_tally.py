@@ -35,11 +35,8 @@ NOT_COUNTED = "not-counted.txt"
 HOSTS = "hosts.txt"
 
 
-def session_number(folder: str) -> int | None:
-    """The session a folder such as ``ninety-second-session`` holds, or None for another name."""
-    if not folder.endswith("-session"):
-        return None
-    words = folder[: -len("-session")]
+def _ordinal(words: str) -> int | None:
+    """1 to 99 from an ordinal such as ``ninety-second``, or None for anything else."""
     if words in _UNITS:
         return _UNITS.index(words) + 1
     if words in _TENS_ORDINAL:
@@ -48,6 +45,21 @@ def session_number(folder: str) -> int | None:
     if tens in _TENS and unit in _UNITS[:9]:
         return _TENS[tens] + _UNITS.index(unit) + 1
     return None
+
+
+def session_number(folder: str) -> int | None:
+    """The session a folder such as ``ninety-second-session``, ``hundredth-session`` or
+    ``hundred-and-first-session`` holds (up to the 199th), or None for another name."""
+    if not folder.endswith("-session"):
+        return None
+    words = folder[: -len("-session")].removeprefix("one-")
+    if words == "hundredth":
+        return 100
+    for prefix in ("hundred-and-", "hundred-"):
+        if words.startswith(prefix):
+            rest = _ordinal(words[len(prefix):])
+            return None if rest is None else 100 + rest
+    return _ordinal(words)
 
 
 def read_not_counted(root: Path) -> dict[str, str]:
@@ -135,6 +147,10 @@ def collect(root: Path, since: int, until: int | None = None, host: str | None =
     runs = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         number = session_number(folder.name)
+        if number is None and folder.name.endswith("-session"):
+            raise ValueError(f"{folder} is named like a session's folder, but its name is not a "
+                             "session number the tally reads (e.g. 'ninety-second-session', "
+                             "'hundredth-session', 'hundred-and-first-session'); rename it.")
         if number is None or number < since or (until is not None and number > until):
             continue
         for path in sorted(folder.glob("*.json")):

@@ -1185,7 +1185,11 @@ tally = _load("benchmark_tally")
 @pytest.mark.parametrize("folder, number", [
     ("first-session", 1), ("eleventh-session", 11), ("nineteenth-session", 19), ("twentieth-session", 20),
     ("forty-seventh-session", 47), ("ninetieth-session", 90), ("ninety-second-session", 92),
+    ("ninety-ninth-session", 99), ("hundredth-session", 100), ("one-hundredth-session", 100),
+    ("hundred-and-first-session", 101), ("one-hundred-twelfth-session", 112),
+    ("hundred-and-ninety-ninth-session", 199),
     ("ninety-second", None), ("notes-session", None), ("ninety-tenth-session", None),
+    ("hundred-session", None), ("hundred-and-hundredth-session", None), ("two-hundredth-session", None),
 ])
 def test_tally_reads_the_session_from_the_folder_name(folder, number):
     assert tally.session_number(folder) == number
@@ -1300,6 +1304,24 @@ def test_tally_not_counted_list_errors_are_sentences(tmp_path, capsys, listing, 
     (tmp_path / "not-counted.txt").write_text(listing)
     assert tally.main(["--root", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_tally_counts_sessions_past_the_ninety_ninth_and_refuses_a_folder_it_cannot_read(tmp_path, capsys):
+    # The hundredth session's folder was once skipped without a word: a session folder the tally
+    # cannot number must stop it, not drop its runs.
+    _bench_json(tmp_path / "ninety-ninth-session" / "a.json", synthetic=0.80)
+    _bench_json(tmp_path / "hundredth-session" / "a.json", synthetic=0.86)
+    _bench_json(tmp_path / "hundred-and-first-session" / "a.json", synthetic=0.84)
+    runs = tally.collect(tmp_path, since=99)
+    assert [(run["session"], run["ratio"]) for run in runs] == [(99, 0.80), (100, 0.86), (101, 0.84)]
+    assert tally.tally(tally.collect(tmp_path, since=100), 0.85)["synthetic"]["met"] == 1
+    _bench_json(tmp_path / "hundred-first-sesion" / "a.json", synthetic=0.99)  # not a session folder
+    _bench_json(tmp_path / "one-hundred-and-second-session" / "a.json", synthetic=0.99)
+    assert len(tally.collect(tmp_path, since=99)) == 4
+    _bench_json(tmp_path / "hundreth-session" / "a.json", synthetic=0.99)  # misspelt
+    assert tally.main(["--root", str(tmp_path)]) == 2
+    assert "hundreth-session is named like a session's folder, but its name is not a session number" \
+        in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
