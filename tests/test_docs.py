@@ -80,6 +80,19 @@ def wilcoxon_two_sided(differences):
     return min(1.0, 2 * at_most / 2 ** len(ranks))
 
 
+def wilcoxon_one_sided_greater(differences):
+    """Exact one-sided p of the Wilcoxon signed-rank test for differences above zero: the share of
+    sign patterns whose negative rank sum is at most the observed one."""
+    if any(d == 0 for d in differences):
+        raise ValueError("a zero difference has no sign")
+    sizes = sorted(abs(d) for d in differences)
+    ranks = [statistics.fmean(i + 1 for i, s in enumerate(sizes) if s == abs(d)) for d in differences]
+    observed = sum(r for r, d in zip(ranks, differences) if d < 0)
+    at_most = sum(1 for signs in itertools.product((0, 1), repeat=len(ranks))
+                  if sum(r for r, s in zip(ranks, signs) if s) <= observed + 1e-9)
+    return at_most / 2 ** len(ranks)
+
+
 def test_wilcoxon_matches_the_tables_of_the_exact_test():
     # n = 8 with one negative of rank 1: W = 1, P(W <= 1) = 2/256 one-sided.
     assert wilcoxon_two_sided([5, 6, 7, 8, 9, 10, 11, -1]) == pytest.approx(4 / 256)
@@ -89,6 +102,12 @@ def test_wilcoxon_matches_the_tables_of_the_exact_test():
     assert wilcoxon_two_sided([1, -1, 2, -2]) == 1.0
     with pytest.raises(ValueError):
         wilcoxon_two_sided([1, 0, 2])
+    # One-sided, for differences above zero: half the two-sided p in the direction seen, near 1
+    # against it.
+    assert wilcoxon_one_sided_greater([5, 6, 7, 8, 9, 10, 11, -1]) == pytest.approx(2 / 256)
+    assert wilcoxon_one_sided_greater([1, 2, 3, 4, 5]) == pytest.approx(1 / 32)
+    assert wilcoxon_one_sided_greater([-1, -2, -3]) == 1.0
+    assert wilcoxon_one_sided_greater([-5, -6, -7, -8, -9, -10, -11, 1]) == pytest.approx(255 / 256)
 
 
 def _number(cell):
@@ -106,7 +125,7 @@ def _pair_rows(task):
             continue
         if re.fullmatch(rf"\*\*{task}, \d+ pairs\*\*", cells[0]):
             summary = cells
-        else:
+        elif re.fullmatch(rf"{task}, \d+", cells[0]):  # not the pre-registered batch's rows
             rows.append((_number(cells[2]), _number(cells[3]), _number(cells[4]),
                          cells[2].startswith("**"), cells[3].startswith("**")))
     return rows, summary
@@ -135,3 +154,37 @@ def test_the_seed_pair_summaries_follow_from_the_pair_rows(task):
     assert float(stated[4]) == round(p, len(stated[4].split(".")[1]))
     # The mean difference is bold only when the signed-rank test clears 0.05.
     assert summary[4].startswith("**") == (p < 0.05)
+
+
+def test_the_pre_registered_cheetah_batch_follows_from_its_rows():
+    # docs/RESULTS.md fixed the batch before its first pair: ten pairs, seeds 16 to 25, and one
+    # test, the one-sided signed-rank test, run once after the tenth. Until then the summary row
+    # gives the means and no test; after it, the test's p, bold only when it clears 0.05.
+    rows, summary = [], None
+    for line in README.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if re.fullmatch(r"cheetah-run batch, \d+", cells[0]):
+            rows.append((int(cells[0].rsplit(" ", 1)[1]), _number(cells[2]), _number(cells[3]), _number(cells[4]),
+                         cells[2].startswith("**"), cells[3].startswith("**")))
+        elif re.fullmatch(r"\*\*cheetah-run batch, \d+ of 10 pairs\*\*", cells[0]):
+            summary = cells
+    assert rows and summary, "the README's pre-registered batch table is not where this test looks"
+    assert [seed for seed, *_ in rows] == list(range(16, 16 + len(rows))) and len(rows) <= 10
+    for _, f, d, ahead, f_bold, d_bold in rows:
+        assert ahead == pytest.approx(f - d, abs=0.051), (f, d, ahead)
+        assert (f_bold, d_bold) == (f > d, d > f), f"the higher 30-episode mean is the bold one: {f}, {d}"
+    assert int(re.search(r"(\d+) of 10", summary[0])[1]) == len(rows)
+    assert _number(summary[2]) == round(statistics.fmean(f for _, f, *_ in rows), 1)
+    assert _number(summary[3]) == round(statistics.fmean(d for _, _, d, *_ in rows), 1)
+    differences = [ahead for *_, ahead, _, _ in rows]
+    if len(rows) < 10:
+        stated = re.fullmatch(r"([+−-][\d.]+) \(no test until the tenth pair\)", summary[4])
+        assert stated, summary[4]
+        assert _number(stated[1]) == pytest.approx(round(statistics.fmean(differences), 1), abs=0.051)
+    else:
+        stated = re.fullmatch(r"(?:\*\*)?([+−-][\d.]+)(?:\*\*)? \(one-sided Wilcoxon p = ([\d.]+)\)", summary[4])
+        assert stated, summary[4]
+        assert _number(stated[1]) == pytest.approx(round(statistics.fmean(differences), 1), abs=0.051)
+        p = wilcoxon_one_sided_greater(differences)
+        assert float(stated[2]) == round(p, len(stated[2].split(".")[1]))
+        assert summary[4].startswith("**") == (p < 0.05)
