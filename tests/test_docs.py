@@ -62,35 +62,32 @@ def test_the_throughput_tallies_are_the_stored_runs_tallies():
 # ----------------------------------------------------------------------------- seed pairs
 
 
-def wilcoxon_two_sided(differences):
-    """Exact two-sided p of the Wilcoxon signed-rank test, by enumerating every sign pattern
-    (mid-ranks for tied sizes); zero differences are an error, not dropped."""
+def _signed_ranks(differences):
+    """Mid-ranks of the differences' sizes; zero differences are an error, not dropped."""
     if any(d == 0 for d in differences):
         raise ValueError("a zero difference has no sign")
     sizes = sorted(abs(d) for d in differences)
-    rank = {}
-    for size in set(sizes):
-        positions = [i + 1 for i, s in enumerate(sizes) if s == size]
-        rank[size] = sum(positions) / len(positions)
-    ranks = [rank[abs(d)] for d in differences]
-    observed = sum(r for r, d in zip(ranks, differences) if d < 0)
-    observed = min(observed, sum(ranks) - observed)
-    at_most = sum(1 for signs in itertools.product((0, 1), repeat=len(ranks))
-                  if sum(r for r, s in zip(ranks, signs) if s) <= observed + 1e-9)
-    return min(1.0, 2 * at_most / 2 ** len(ranks))
+    return [statistics.fmean(i + 1 for i, s in enumerate(sizes) if s == abs(d)) for d in differences]
 
 
-def wilcoxon_one_sided_greater(differences):
-    """Exact one-sided p of the Wilcoxon signed-rank test for differences above zero: the share of
-    sign patterns whose negative rank sum is at most the observed one."""
-    if any(d == 0 for d in differences):
-        raise ValueError("a zero difference has no sign")
-    sizes = sorted(abs(d) for d in differences)
-    ranks = [statistics.fmean(i + 1 for i, s in enumerate(sizes) if s == abs(d)) for d in differences]
-    observed = sum(r for r, d in zip(ranks, differences) if d < 0)
+def _share_at_most(ranks, observed):
+    """The share of the 2^n sign patterns whose negative rank sum is at most ``observed``."""
     at_most = sum(1 for signs in itertools.product((0, 1), repeat=len(ranks))
                   if sum(r for r, s in zip(ranks, signs) if s) <= observed + 1e-9)
     return at_most / 2 ** len(ranks)
+
+
+def wilcoxon_two_sided(differences):
+    """Exact two-sided p of the Wilcoxon signed-rank test, by enumerating every sign pattern."""
+    ranks = _signed_ranks(differences)
+    negative = sum(r for r, d in zip(ranks, differences) if d < 0)
+    return min(1.0, 2 * _share_at_most(ranks, min(negative, sum(ranks) - negative)))
+
+
+def wilcoxon_one_sided_greater(differences):
+    """Exact one-sided p of the Wilcoxon signed-rank test for differences above zero."""
+    ranks = _signed_ranks(differences)
+    return _share_at_most(ranks, sum(r for r, d in zip(ranks, differences) if d < 0))
 
 
 def test_wilcoxon_matches_the_tables_of_the_exact_test():
