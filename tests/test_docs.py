@@ -112,34 +112,40 @@ def _number(cell):
     return float(cell.replace("**", "").split("±")[0].replace("−", "-").strip())
 
 
-def _pair_rows(task):
-    """The README pair table's rows for one task: (with $F, the default, $F ahead by, bold F,
-    bold default), and its summary row's cells."""
-    rows, summary = [], None
+def _pair_rows(label, summary_label):
+    """The README pair table's rows whose first cell is "LABEL, SEED": (seed, with $F, the default,
+    $F ahead by, bold F, bold default); the cells of the row whose first cell fully matches the
+    pattern ``summary_label``; and the number of pairs its first group names."""
+    rows, summary, count = [], None, None
     for line in README.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if not line.startswith(("| " + task, "| **" + task)):
+        if not line.startswith("| "):
             continue
-        if re.fullmatch(rf"\*\*{task}, \d+ pairs\*\*", cells[0]):
-            summary = cells
-        elif re.fullmatch(rf"{task}, \d+", cells[0]):  # not the pre-registered batch's rows
-            rows.append((_number(cells[2]), _number(cells[3]), _number(cells[4]),
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if found := re.fullmatch(summary_label, cells[0]):
+            summary, count = cells, int(found[1])
+        elif found := re.fullmatch(rf"{re.escape(label)}, (\d+)", cells[0]):
+            rows.append((int(found[1]), _number(cells[2]), _number(cells[3]), _number(cells[4]),
                          cells[2].startswith("**"), cells[3].startswith("**")))
-    return rows, summary
+    return rows, summary, count
+
+
+def _check_rows_and_means(rows, summary, count):
+    """Each row's difference and bold mean follow from its two means, and the summary's count and
+    means from the rows."""
+    for _, f, d, ahead, f_bold, d_bold in rows:
+        assert ahead == pytest.approx(f - d, abs=0.051), (f, d, ahead)
+        assert (f_bold, d_bold) == (f > d, d > f), f"the higher 30-episode mean is the bold one: {f}, {d}"
+    assert count == len(rows)
+    assert _number(summary[2]) == round(statistics.fmean(f for _, f, *_ in rows), 1)
+    assert _number(summary[3]) == round(statistics.fmean(d for _, _, d, *_ in rows), 1)
 
 
 @pytest.mark.parametrize("task", ["walker-walk", "cheetah-run"])
 def test_the_seed_pair_summaries_follow_from_the_pair_rows(task):
-    rows, summary = _pair_rows(task)
+    rows, summary, count = _pair_rows(task, rf"\*\*{task}, (\d+) pairs\*\*")
     assert len(rows) >= 2 and summary, f"the README's seed-pair table for {task} is not where this test looks"
-    for f, d, ahead, f_bold, d_bold in rows:
-        assert ahead == pytest.approx(f - d, abs=0.051), (task, f, d, ahead)
-        assert (f_bold, d_bold) == (f > d, d > f), f"the higher 30-episode mean is the bold one: {f}, {d}"
-    differences = [ahead for _, _, ahead, _, _ in rows]
-    count = int(re.match(rf"\*\*{task}, (\d+) pairs\*\*", summary[0])[1])
-    assert count == len(rows)
-    assert _number(summary[2]) == round(statistics.fmean(f for f, *_ in rows), 1)
-    assert _number(summary[3]) == round(statistics.fmean(d for _, d, *_ in rows), 1)
+    _check_rows_and_means(rows, summary, count)
+    differences = [ahead for *_, ahead, _, _ in rows]
     stated = re.fullmatch(r"(?:\*\*)?([+−-][\d.]+)(?:\*\*)? \(sd ([\d.]+): t = ([\d.]+), Wilcoxon p = ([\d.]+)\)",
                           summary[4])
     assert stated, summary[4]
@@ -157,22 +163,10 @@ def test_the_pre_registered_cheetah_batch_follows_from_its_rows():
     # docs/RESULTS.md fixed the batch before its first pair: ten pairs, seeds 16 to 25, and one
     # test, the one-sided signed-rank test, run once after the tenth. Until then the summary row
     # gives the means and no test; after it, the test's p, bold only when it clears 0.05.
-    rows, summary = [], None
-    for line in README.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if re.fullmatch(r"cheetah-run batch, \d+", cells[0]):
-            rows.append((int(cells[0].rsplit(" ", 1)[1]), _number(cells[2]), _number(cells[3]), _number(cells[4]),
-                         cells[2].startswith("**"), cells[3].startswith("**")))
-        elif re.fullmatch(r"\*\*cheetah-run batch, \d+ of 10 pairs\*\*", cells[0]):
-            summary = cells
+    rows, summary, count = _pair_rows("cheetah-run batch", r"\*\*cheetah-run batch, (\d+) of 10 pairs\*\*")
     assert rows and summary, "the README's pre-registered batch table is not where this test looks"
     assert [seed for seed, *_ in rows] == list(range(16, 16 + len(rows))) and len(rows) <= 10
-    for _, f, d, ahead, f_bold, d_bold in rows:
-        assert ahead == pytest.approx(f - d, abs=0.051), (f, d, ahead)
-        assert (f_bold, d_bold) == (f > d, d > f), f"the higher 30-episode mean is the bold one: {f}, {d}"
-    assert int(re.search(r"(\d+) of 10", summary[0])[1]) == len(rows)
-    assert _number(summary[2]) == round(statistics.fmean(f for _, f, *_ in rows), 1)
-    assert _number(summary[3]) == round(statistics.fmean(d for _, _, d, *_ in rows), 1)
+    _check_rows_and_means(rows, summary, count)
     differences = [ahead for *_, ahead, _, _ in rows]
     if len(rows) < 10:
         stated = re.fullmatch(r"([+−-][\d.]+) \(no test until the tenth pair\)", summary[4])
